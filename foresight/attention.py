@@ -1,0 +1,45 @@
+"""The registered attention function ``"foresight"``.
+
+Registered through transformers' public registries: ``AttentionInterface`` for the attention itself and
+``AttentionMaskInterface`` for its mask. The mask registration matters: transformers builds *no* mask at all
+for an attention name it does not know, so without it a model running our attention without our cache would
+silently lose causality (tested in tests/test_attention.py).
+
+When the keys handed to the attention come from a :class:`~foresight.cache.BoundedCache` (the cache marks the
+tensor it returned from ``update``), the cache computes the attention itself (per-head kept sets, causality by
+token index, padding) and accumulates the statistics of :mod:`foresight.features`. Otherwise the call is plain
+SDPA with transformers' mask, so the same model also runs with a normal ``DynamicCache`` or no cache.
+"""
+
+from __future__ import annotations
+
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from foresight import cache as cache_mod
+
+NAME = "foresight"
+
+
+def foresight_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    state = getattr(cache_mod._active, "state", None)
+    if state is not None and state[2] is key:
+        cache, layer_idx, _ = state
+        cache_mod._active.state = None
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        return cache.attend(layer_idx, query, scale), None
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+
+
+AttentionInterface.register(NAME, foresight_attention)
+AttentionMaskInterface.register(NAME, sdpa_mask)
+
+
+def use_foresight_attention(model):
+    """Switch a loaded transformers model to the ``"foresight"`` attention (returns the model)."""
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(NAME)
+    else:  # pragma: no cover - older transformers
+        model.config._attn_implementation = NAME
+    return model

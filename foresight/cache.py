@@ -1,0 +1,422 @@
+"""The bounded KV cache: every (sequence, layer, KV head) keeps at most B pairs (+ L new ones between evictions).
+
+A :class:`BoundedCache` is a transformers :class:`~transformers.Cache`, so any model whose attention goes
+through ``cache.update(...)`` and transformers' attention registry (Qwen3, Qwen2, Llama, ...) uses it
+unchanged once its attention implementation is ``"foresight"`` (see :mod:`foresight.attention`).
+
+Layout: one dense tensor per quantity for all layers, ``keys[layer, batch, kv_head, slot, head_dim]`` with
+``capacity = protected_prompt + B + L`` slots, so memory is really bounded, not masked. Keys are stored after
+RoPE: a kept key keeps its absolute position, queries keep their true positions. Slots stay sorted by time.
+``token[layer, batch, kv_head, slot]`` holds the token index (0-based position in the fed sequence, pads
+included) of the pair in each slot, ``-1`` for pads and empty slots; causality is
+``token[key] <= token[query]``.
+
+Eviction: when an update would overflow the capacity, ``L`` pairs per (layer, sequence, KV head) are dropped
+(more when a single oversized chunk was appended) so that ``B`` remain besides the protected prompt. The newest
+``interval`` tokens are protected, so are the first ``sinks`` real tokens and, with ``protect_prompt``, every
+prompt token. A :class:`~foresight.policies.base.Policy` scores the candidates of all layers in one call
+(higher = evict first) and :mod:`foresight.selection` picks the slots (top-L or the Top-2L sampler).
+Padding slots (left padding) are always evicted first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from foresight import features as F
+from foresight import selection
+
+_active = threading.local()
+
+
+def validate_budget(budget: int, interval: int, sinks: int = 0) -> None:
+    """Refuse impossible settings with a message that names the problem."""
+    if budget <= 0:
+        raise ValueError(f"cache budget must be > 0, got {budget}")
+    if interval <= 0:
+        raise ValueError(f"eviction interval must be > 0, got {interval}")
+    if interval >= budget:
+        raise ValueError(f"eviction interval L={interval} must be smaller than the budget B={budget}")
+    if sinks < 0:
+        raise ValueError(f"sinks must be >= 0, got {sinks}")
+    if budget < sinks + interval:
+        raise ValueError(f"budget B={budget} must be at least sinks + interval = {sinks} + {interval}")
+
+
+@dataclasses.dataclass
+class EvictionView:
+    """What a policy sees at one eviction step (all layers at once). Shapes use nl=layers, b=batch,
+    h=KV heads, g=query heads per KV head, n=slots in use, d=head dim."""
+
+    keys: torch.Tensor  # [nl, b, h, n, d]
+    values: torch.Tensor  # [nl, b, h, n, d]
+    token: torch.Tensor  # [nl, b, h, n] token index, -1 for pads
+    stats: dict  # name -> [nl, b, h, g, n] (features.STAT_NAMES plus "w1")
+    evictable: torch.Tensor  # [nl, b, h, n] candidates (not protected, not padding)
+    n_evict: int
+    step: int
+    seen: int  # tokens fed so far
+    prompt_len: int
+    generator: torch.Generator | None = None
+
+    def snapshot(self) -> "EvictionView":
+        """A copy that later cache updates cannot change (the cache's tensors are reused in place)."""
+        return dataclasses.replace(self, keys=self.keys.clone(), values=self.values.clone(), token=self.token.clone(),
+                                   stats={k: v.clone() for k, v in self.stats.items()},
+                                   evictable=self.evictable.clone())
+
+    def attn_features(self) -> torch.Tensor:
+        """[nl, b, h, n, 8*g]: the statistics in features.STAT_NAMES order, query heads innermost."""
+        st = torch.stack([self.stats[k] for k in F.STAT_NAMES], dim=-1)  # [nl,b,h,g,n,8]
+        return st.permute(0, 1, 2, 4, 5, 3).flatten(-2)
+
+
+class _LayerHandle(CacheLayerMixin):
+    """A per-layer facade so transformers' generic code (is_sliding, get_seq_length...) sees a normal cache."""
+
+    is_sliding = False
+    is_compileable = False
+
+    def __init__(self, parent: "BoundedCache", idx: int):
+        super().__init__()
+        self.parent, self.idx = parent, idx
+
+    def lazy_initialization(self, key_states, value_states):  # storage lives in the parent
+        pass
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        return self.parent.update(key_states, value_states, self.idx)
+
+    def get_mask_sizes(self, query_length: int):
+        return self.parent.n + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.parent.seen
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+class BoundedCache(Cache):
+    """A KV cache of at most ``budget`` (+ ``interval``) pairs per (sequence, layer, KV head).
+
+    Args:
+        config: the model's config (layers, heads, head dim are read from it).
+        policy: a :class:`~foresight.policies.base.Policy`; ``None`` means never evict (full cache).
+        budget, interval, sinks: B, L and the number of protected first tokens.
+        protect_prompt: keep the first ``prompt_len`` tokens (the prompt, padding included) forever; the budget
+            applies to the rest.
+        selection: ``"topk"`` or ``"sample"`` (Top-2L sampler); ``temperature`` for the sampler.
+        recorder: optional callable receiving a dict per eviction step (see :meth:`evict`).
+        generator: torch.Generator for the sampler and random policies (seeded runs).
+    """
+
+    def __init__(self, config, policy=None, budget: int | None = None, interval: int | None = None, sinks: int = 0,
+                 protect_prompt: bool = False, prompt_len: int | None = None, selection: str = "topk",
+                 temperature: float = 1.0, recorder=None, generator: torch.Generator | None = None,
+                 prompt_overflow: str = "error"):
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        self.num_layers = text.num_hidden_layers
+        self.q_heads = text.num_attention_heads
+        self.kv_heads = getattr(text, "num_key_value_heads", None) or self.q_heads
+        self.head_dim = getattr(text, "head_dim", None) or text.hidden_size // self.q_heads
+        self.group = self.q_heads // self.kv_heads
+        self.full = policy is None
+        if not self.full:
+            validate_budget(budget, interval, sinks)
+        if selection not in ("topk", "sample"):
+            raise ValueError(f"selection must be 'topk' or 'sample', got {selection!r}")
+        if prompt_overflow not in ("error", "evict"):
+            raise ValueError(f"prompt_overflow must be 'error' or 'evict', got {prompt_overflow!r}")
+        self.policy, self.budget, self.interval, self.sinks = policy, budget, interval, sinks
+        self.protect_prompt, self.prompt_len = protect_prompt, prompt_len
+        self.selection, self.temperature, self.recorder, self.generator = selection, temperature, recorder, generator
+        self.prompt_overflow = prompt_overflow
+        super().__init__(layers=[_LayerHandle(self, i) for i in range(self.num_layers)])
+        self.n = 0  # slots in use (same for every row, layer and head)
+        self.seen = 0  # tokens fed so far
+        self.steps = 0  # evictions done
+        self.keys = None
+        self._pending_valid = None
+        self._chunk = None  # (n_old, q, valid[b, q]) of the forward in progress
+        self.peak_slots = 0
+
+    # ----------------------------------------------------------------------------------------------- set-up
+    def feed(self, valid: torch.Tensor | None):
+        """Tell the cache which of the next forward's tokens are real (``[b, q]`` bool; False = padding)."""
+        self._pending_valid = valid
+
+    @property
+    def protected_prefix(self) -> int:
+        return self.prompt_len if (self.protect_prompt and self.prompt_len) else 0
+
+    @property
+    def capacity(self) -> int:
+        if self.full:
+            return 0
+        return self.protected_prefix + self.budget + self.interval
+
+    @property
+    def target(self) -> int:
+        return self.protected_prefix + self.budget
+
+    def next_chunk(self, remaining: int) -> int:
+        """Largest chunk the drivers may feed next: ends at the next eviction point or block start."""
+        if self.full:
+            return remaining
+        room = self.capacity - self.n
+        if room <= 0:  # an eviction happens first
+            room = self.capacity - self.target
+        stop = room
+        block_start = self.target - self.n  # tokens until the block before the first eviction starts
+        if 0 < block_start < stop:
+            stop = block_start
+        return max(1, min(remaining, stop, self.interval))
+
+    def _allocate(self, key_states: torch.Tensor):
+        b, dev, dt = key_states.shape[0], key_states.device, key_states.dtype
+        if self.protect_prompt and self.prompt_len is None:
+            self.prompt_len = key_states.shape[-2]  # the first forward is the prompt (transformers' generate)
+        if not self.full and self.protect_prompt and self.prompt_len > self.budget and self.prompt_overflow == "error":
+            raise ValueError(
+                f"protect_prompt: the prompt has {self.prompt_len} tokens, more than the budget B={self.budget}; "
+                "raise the budget or set cache.prompt_overflow=evict to evict inside the prompt")
+        if self.protect_prompt and not self.full and self.prompt_len > self.budget:
+            self.protect_prompt = False  # prompt_overflow=evict: fall back to normal eviction of the prompt
+        cap = max(self.capacity, key_states.shape[-2], 1) if not self.full else max(key_states.shape[-2], 64)
+        nl, h, g, d = self.num_layers, self.kv_heads, self.group, self.head_dim
+        self.keys = torch.zeros(nl, b, h, cap, d, device=dev, dtype=dt)
+        self.values = torch.zeros(nl, b, h, cap, d, device=dev, dtype=dt)
+        self.token = torch.full((nl, b, h, cap), -1, device=dev, dtype=torch.long)
+        f32 = dict(device=dev, dtype=torch.float32)
+        self.st_sum = torch.zeros(nl, b, h, g, cap, **f32)
+        self.st_max = torch.zeros(nl, b, h, g, cap, **f32)
+        self.st_min = torch.full((nl, b, h, g, cap), float("inf"), **f32)
+        self.st_cum = torch.zeros(nl, b, h, g, cap, **f32)
+        self.st_decay = torch.zeros(nl, b, h, g, cap, **f32)
+        W = F.QUERY_WINDOW
+        self.rq = torch.zeros(nl, b, self.q_heads, W, d, device=dev, dtype=dt)  # the last W queries
+        self.rq_token = torch.full((W,), -1, device=dev, dtype=torch.long)
+        self.rq_valid = torch.zeros(b, W, device=dev, dtype=torch.bool)
+        self.first_real = torch.full((b,), -1, device=dev, dtype=torch.long)
+
+    def _grow(self, need: int):
+        """Only an oversized chunk (e.g. transformers' one-shot prefill of a long prompt) or the full cache grows."""
+        cap = self.keys.shape[3]
+        if need <= cap:
+            return
+        extra = max(need, 2 * cap if self.full else need) - cap
+
+        def ext(t, dim, fill):
+            shape = list(t.shape)
+            shape[dim] = extra
+            return torch.cat([t, torch.full(shape, fill, dtype=t.dtype, device=t.device)], dim=dim)
+
+        self.keys, self.values = ext(self.keys, 3, 0), ext(self.values, 3, 0)
+        self.token = ext(self.token, 3, -1)
+        self.st_sum, self.st_max, self.st_cum, self.st_decay = (ext(t, 4, 0) for t in
+                                                                (self.st_sum, self.st_max, self.st_cum, self.st_decay))
+        self.st_min = ext(self.st_min, 4, float("inf"))
+
+    # ----------------------------------------------------------------------------------------------- update
+    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        q = key_states.shape[-2]
+        if layer_idx == 0:
+            self._begin_chunk(key_states, q)
+        n_old = self._chunk[0]
+        self.keys[layer_idx, :, :, n_old:n_old + q] = key_states
+        self.values[layer_idx, :, :, n_old:n_old + q] = value_states
+        k_view = self.keys[layer_idx, :, :, :n_old + q]
+        v_view = self.values[layer_idx, :, :, :n_old + q]
+        _active.state = (self, layer_idx, k_view)
+        return k_view, v_view
+
+    def _begin_chunk(self, key_states, q: int):
+        if self._chunk is not None:
+            raise RuntimeError("BoundedCache: the previous forward never reached the 'foresight' attention function; "
+                               "load the model with attn_implementation='foresight' (foresight.attention.use_foresight_attention)")
+        if self.keys is None:
+            self._allocate(key_states)
+        if not self.full and self.n + q > self.capacity and self.n > self.target:
+            self.evict(self.n - self.target)
+        self._grow(self.n + q)
+        b, dev = key_states.shape[0], key_states.device
+        valid = self._pending_valid
+        self._pending_valid = None
+        if valid is None:
+            valid = torch.ones(b, q, dtype=torch.bool, device=dev)
+        valid = valid.to(dev)
+        self._chunk = (self.n, q, valid)
+        if not self.full and self.steps == 0 and self.seen <= self.target < self.seen + q:
+            self._reset_block(slice(0, self.n))  # the block before the first eviction starts here
+        tok = torch.arange(self.seen, self.seen + q, device=dev)
+        new_first = (self.first_real < 0) & valid.any(1)
+        self.first_real = torch.where(new_first, self.seen + valid.long().argmax(1), self.first_real)
+        tok_b = torch.where(valid, tok.unsqueeze(0), torch.full_like(tok.unsqueeze(0), -1))
+        sl = slice(self.n, self.n + q)
+        self.token[:, :, :, sl] = tok_b[None, :, None, :]
+        self.st_sum[..., sl] = 0
+        self.st_max[..., sl] = 0
+        self.st_min[..., sl] = float("inf")
+        self.st_cum[..., sl] = 0
+        self.st_decay[..., sl] = 0
+
+    def _finish_chunk(self):
+        n_old, q, valid = self._chunk
+        self.n = n_old + q
+        self.seen += q
+        self.peak_slots = max(self.peak_slots, self.n)
+        self._chunk = None
+
+    # -------------------------------------------------------------------------------------------- attention
+    def attend(self, layer_idx: int, query: torch.Tensor, scaling: float) -> torch.Tensor:
+        """Attention of the new queries against this layer's slots; accumulates the block statistics.
+
+        query: [b, Hq, q, d] (after RoPE). Returns [b, q, Hq, d] like transformers' attention functions.
+        """
+        n_old, q, valid = self._chunk
+        n = n_old + q
+        b, hq, _, d = query.shape
+        h, g = self.kv_heads, self.group
+        K = self.keys[layer_idx, :, :, :n]
+        V = self.values[layer_idx, :, :, :n]
+        ktok = self.token[layer_idx, :, :, :n]  # [b, h, n]
+        qtok = torch.arange(self.seen, self.seen + q, device=query.device)
+        qf = query.view(b, h, g, q, d)
+        scores = torch.matmul(qf, K.unsqueeze(2).transpose(-1, -2)).float() * scaling  # [b,h,g,q,n]
+        vis = (ktok[:, :, None, None, :] <= qtok[None, None, None, :, None]) & (ktok >= 0)[:, :, None, None, :]
+        own = torch.arange(n, device=query.device)[None, :] == (n_old + torch.arange(q, device=query.device))[:, None]
+        vis = vis | own  # a padding query attends to itself only (its output is never used)
+        probs = scores.masked_fill(~vis, float("-inf")).softmax(-1)
+        out = torch.matmul(probs.to(V.dtype), V.unsqueeze(2))  # [b,h,g,q,d]
+        with torch.no_grad():
+            qv = valid[:, None, None, :, None]
+            w = probs * qv
+            self.st_sum[layer_idx, ..., :n] += w.sum(3)
+            self.st_cum[layer_idx, ..., :n] += w.sum(3)
+            torch.maximum(self.st_max[layer_idx, ..., :n], w.amax(3), out=self.st_max[layer_idx, ..., :n])
+            wmin = probs.masked_fill(~(vis & qv), float("inf")).amin(3)
+            torch.minimum(self.st_min[layer_idx, ..., :n], wmin, out=self.st_min[layer_idx, ..., :n])
+            keep = min(q, F.QUERY_WINDOW)
+            self.rq[layer_idx] = torch.cat([self.rq[layer_idx], query[:, :, q - keep:]], dim=2)[:, :, -F.QUERY_WINDOW:]
+            if layer_idx == self.num_layers - 1:
+                self.rq_token = torch.cat([self.rq_token, qtok[q - keep:]])[-F.QUERY_WINDOW:]
+                self.rq_valid = torch.cat([self.rq_valid, valid[:, q - keep:]], 1)[:, -F.QUERY_WINDOW:]
+                self._finish_chunk()
+        return out.reshape(b, hq, q, d).transpose(1, 2)
+
+    # ---------------------------------------------------------------------------------------------- evict
+    def _window_stats(self, n: int) -> dict:
+        """Sums over the last 1/8/16/32 queries, recomputed from the kept queries (see features.py)."""
+        nl, h, g = self.num_layers, self.kv_heads, self.group
+        b = self.keys.shape[1]
+        K = self.keys[:, :, :, :n]  # [nl,b,h,n,d]
+        rq = self.rq.view(nl, b, h, g, F.QUERY_WINDOW, -1)
+        scale = self.head_dim ** -0.5
+        scores = torch.matmul(rq, K.unsqueeze(3).transpose(-1, -2)).float() * scale  # [nl,b,h,g,W,n]
+        ktok = self.token[:, :, :, :n]
+        vis = (ktok[:, :, :, None, None, :] <= self.rq_token[None, None, None, None, :, None]) & \
+              (ktok >= 0)[:, :, :, None, None, :]
+        vis = vis & (self.rq_token >= 0)[None, None, None, None, :, None]
+        probs = scores.masked_fill(~vis, float("-inf")).softmax(-1).nan_to_num(0.0)
+        probs = probs * self.rq_valid[None, :, None, None, :, None]
+        visible = vis.sum(-1, keepdim=True).clamp(min=1)
+        out = {"pivot32": ((probs >= 1.0 / visible) & vis).float().sum(-2)}  # Scissorhands' counts
+        for w in F.WINDOWS:
+            out[f"w{w}"] = probs[..., -w:, :].sum(-2)
+        return out
+
+    def _reset_block(self, sl):
+        self.st_sum[..., sl] = 0
+        self.st_max[..., sl] = 0
+        self.st_min[..., sl] = float("inf")
+
+    def view(self) -> EvictionView:
+        n = self.n
+        stats = {"max": self.st_max[..., :n], "min": torch.nan_to_num(self.st_min[..., :n], posinf=0.0),
+                 "sum": self.st_sum[..., :n], "cum": self.st_cum[..., :n], "decay": self.st_decay[..., :n]}
+        stats.update(self._window_stats(n))
+        tok = self.token[:, :, :, :n]
+        evictable = tok >= 0
+        slot = torch.arange(n, device=tok.device)
+        evictable &= (slot < n - min(self.interval, n))  # the newest L are protected
+        if self.sinks:
+            first = self.first_real[None, :, None, None]
+            evictable &= ~((tok >= 0) & (first >= 0) & (tok < first + self.sinks))
+        if self.protected_prefix:
+            evictable &= slot >= self.protected_prefix
+        return EvictionView(self.keys[:, :, :, :n], self.values[:, :, :, :n], tok, stats, evictable,
+                            n_evict=0, step=self.steps, seen=self.seen, prompt_len=self.prompt_len or 0,
+                            generator=self.generator)
+
+    @torch.no_grad()
+    def evict(self, n_evict: int):
+        """Drop ``n_evict`` pairs per (layer, sequence, KV head); padding first, then by the policy's scores."""
+        n = self.n
+        self.st_decay[..., :n] = F.DECAY * self.st_decay[..., :n] + self.st_sum[..., :n]
+        view = self.view()
+        view.n_evict = n_evict
+        tok = view.token
+        pad = (tok < 0) & (torch.arange(n, device=tok.device) >= self.protected_prefix)
+        scores = self.policy.score(view).float()
+        scores = torch.where(pad, torch.full_like(scores, 1e30), scores)
+        evictable = view.evictable | pad
+        n_cand = int(evictable.sum(-1).min())
+        if n_cand < n_evict:
+            raise RuntimeError(f"only {n_cand} evictable pairs for {n_evict} evictions: B, L, sinks and the "
+                               "protected prompt leave too little room")
+        if self.selection == "sample":
+            chosen = selection.sample_top2l(scores, evictable, n_evict, self.temperature, self.generator)
+        else:
+            chosen = selection.select_topk(scores, evictable, n_evict)
+        drop = torch.zeros_like(evictable).scatter_(-1, chosen, True)
+        order = (drop.long() * n + torch.arange(n, device=tok.device)).argsort(-1)[..., : n - n_evict]
+        if self.recorder is not None:
+            self.recorder({"step": self.steps, "seen": self.seen, "token": tok.clone(), "chosen": chosen,
+                           "scores": scores, "evictable": evictable, "view": view.snapshot()})
+        self._gather(order)
+        self.n = n - n_evict
+        self._reset_block(slice(0, self.n))
+        self.steps += 1
+
+    def _gather(self, order):
+        """Keep the slots ``order`` ([nl,b,h,k], ascending) in every per-slot tensor."""
+        k = order.shape[-1]
+        d = self.head_dim
+        idx_kv = order.unsqueeze(-1).expand(*order.shape, d)
+        self.keys[:, :, :, :k] = self.keys[:, :, :, : self.n].gather(3, idx_kv)
+        self.values[:, :, :, :k] = self.values[:, :, :, : self.n].gather(3, idx_kv)
+        self.token[:, :, :, :k] = self.token[:, :, :, : self.n].gather(3, order)
+        idx_st = order.unsqueeze(3).expand(order.shape[0], order.shape[1], order.shape[2], self.group, k)
+        for name in ("st_sum", "st_max", "st_min", "st_cum", "st_decay"):
+            t = getattr(self, name)
+            t[..., :k] = t[..., : self.n].gather(4, idx_st)
+        self.token[:, :, :, k:] = -1
+
+    # ----------------------------------------------------------------------------------- transformers API
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.seen
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0):
+        return self.n + query_length, 0
+
+    def get_query_offset(self, layer_idx: int = 0) -> int:
+        return self.seen
+
+    @property
+    def max_batch_size(self):
+        return None if self.keys is None else self.keys.shape[1]
+
+    def cache_bytes(self) -> int:
+        """Bytes of the allocated key/value storage."""
+        if self.keys is None:
+            return 0
+        return self.keys.numel() * self.keys.element_size() * 2
+
+    def held(self) -> int:
+        """Pairs held per (sequence, layer, KV head) right now."""
+        return self.n

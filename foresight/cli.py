@@ -1,0 +1,100 @@
+"""``foresight`` command line: one sub-command per stage; each reads a YAML recipe plus ``--set`` overrides.
+
+    foresight traces --recipe recipes/tiny-qwen3.yaml --set traces.num_prompts=8 --out runs/traces
+    foresight sft    --recipe recipes/tiny-qwen3.yaml --traces runs/traces --out runs/sft
+    foresight grpo   --recipe recipes/tiny-qwen3.yaml --traces runs/traces --init runs/sft --out runs/grpo
+    foresight eval   --recipe recipes/tiny-qwen3.yaml --methods full,h2o --budgets 256:64 --out runs/eval
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _common(p: argparse.ArgumentParser, out_required: bool = True):
+    p.add_argument("--recipe", type=Path, default=None, help="YAML recipe (default: the built-in tiny-qwen3 defaults)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="override a recipe field (repeatable)")
+    p.add_argument("--out", type=Path, required=out_required, help="output folder")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # set by the deepspeed launcher
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="foresight", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("traces", help="generate, filter and score reasoning traces")
+    _common(p)
+
+    p = sub.add_parser("show-recipe", help="print the resolved recipe (after --set overrides) as YAML")
+    _common(p, out_required=False)
+
+    for name, helptext in (("sft", "train scorers on golden eviction (pairwise ranking)"),
+                           ("grpo", "refine scorers with GRPO")):
+        p = sub.add_parser(name, help=helptext)
+        _common(p)
+        p.add_argument("--traces", type=Path, required=True, help="a traces folder (from `foresight traces`)")
+        p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
+        p.add_argument("--deepspeed", type=Path, default=None, help="DeepSpeed JSON config (multi-process runs)")
+        if name == "grpo":
+            p.add_argument("--init", type=Path, required=True, help="the SFT scorer checkpoint to start from")
+
+    p = sub.add_parser("eval", help="evaluate methods and budgets on held-out problems")
+    _common(p)
+    p.add_argument("--methods", default=None, help="comma-separated methods (default: eval.methods)")
+    p.add_argument("--budgets", default=None, help="B:L pairs, e.g. 256:64,512:128 (default: eval.budgets)")
+    p.add_argument("--scorers", type=Path, action="append", default=[], help="a scorer checkpoint (repeatable)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from foresight.config import RecipeError, load_recipe
+
+    try:
+        recipe = load_recipe(args.recipe, args.overrides)
+    except RecipeError as e:
+        print(f"foresight: recipe error: {e}", file=sys.stderr)
+        return 2
+    try:
+        if args.cmd == "show-recipe":
+            import yaml
+
+            print(yaml.safe_dump(recipe.to_dict(), sort_keys=False))
+            return 0
+        if args.cmd == "traces":
+            from foresight.traces import make_traces
+
+            summary = make_traces(recipe, args.out, progress=not args.no_progress)
+            print(json.dumps(summary))
+            return 0
+        if args.cmd == "sft":
+            from foresight.sft import train_sft
+
+            train_sft(recipe, args.traces, args.out, resume=args.resume, deepspeed_config=args.deepspeed,
+                      progress=not args.no_progress)
+            return 0
+        if args.cmd == "grpo":
+            from foresight.grpo import train_grpo
+
+            train_grpo(recipe, args.traces, args.init, args.out, resume=args.resume,
+                       deepspeed_config=args.deepspeed, progress=not args.no_progress)
+            return 0
+        if args.cmd == "eval":
+            from foresight.evaluate import run_eval
+
+            run_eval(recipe, args.out, methods=args.methods, budgets=args.budgets, scorers=args.scorers,
+                     progress=not args.no_progress)
+            return 0
+    except (ValueError, FileNotFoundError) as e:
+        print(f"foresight {args.cmd}: error: {e}", file=sys.stderr)
+        return 2
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

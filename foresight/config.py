@@ -1,0 +1,250 @@
+"""Recipes: typed sections read from YAML, with ``--set section.field=value`` overrides.
+
+A recipe is data: a new model size is a YAML file, not a code change. Unknown sections or fields are
+errors that name the offending key (a misspelled field must never be silently ignored).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+
+class RecipeError(ValueError):
+    """A recipe or an override is malformed."""
+
+
+@dataclass
+class ModelConfig:
+    path: str = "builtin:tiny-qwen3"  # a local folder, a hub name, or builtin:NAME (shipped in foresight/assets)
+    revision: str | None = None
+    gguf_file: str | None = None  # a GGUF file inside `path` (or an absolute path), loaded with transformers' gguf support
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+
+
+@dataclass
+class TaskConfig:
+    kind: str = "ledger"  # ledger (the synthetic task) | math (\boxed{} answers) | none (keep by length only)
+    facts: int = 48
+    variables: int = 16
+    filler: int = 4
+    scratch: int = 10
+    system_prompt: str | None = None
+    instruction: str | None = None  # text appended to each math prompt (the paper's \boxed{} request)
+
+
+@dataclass
+class TracesConfig:
+    num_prompts: int = 64
+    seed: int = 0
+    prompt_dataset: str | None = None  # local json/jsonl/parquet path or a hub name; None = the synthetic generator
+    prompt_split: str = "train"
+    prompt_column: str = "prompt"
+    answer_column: str = "answer"
+    min_new_tokens: int = 1000  # keep traces whose solution is at least this long
+    max_new_tokens: int = 1100
+    batch_size: int = 16
+    do_sample: bool = False
+    temperature: float = 0.6
+    top_p: float = 0.95
+    top_k: int = 20
+    require_correct: bool = True
+    loss_chunk: int = 1024  # tokens per chunk of the full-cache loss/entropy pass
+    heldout_offset: int = 1_000_000  # prompt seeds of held-out problems start here (synthetic task)
+
+
+@dataclass
+class CacheConfig:
+    budget: int = 512  # B: pairs kept per (sequence, layer, KV head) after each eviction
+    interval: int = 128  # L: tokens between evictions (the cache goes from B+L back to B)
+    sinks: int = 0  # first tokens always kept
+    protect_prompt: bool = False  # keep every prompt token; the budget applies to the generated part
+    prompt_overflow: str = "error"  # error | evict: what to do when a protected prompt exceeds the budget
+    selection: str = "topk"  # topk (deterministic) | sample (the paper's Top-2L sampler)
+    temperature: float = 1.0  # softmax temperature of the sampler
+
+
+@dataclass
+class ScorerConfig:
+    hidden: int = 16
+    activation: str = "gelu"
+    features: list[str] = field(default_factory=lambda: ["key", "value", "attn"])
+
+
+@dataclass
+class SFTConfig:
+    steps: int = 200
+    batch_traces: int = 4
+    lr: float = 1e-2
+    warmup: int = 10
+    schedule: str = "cosine"
+    margin: float = 0.01
+    pairs: str = "all"  # all | sampled
+    sampled_pairs: int = 4096
+    pair_chunk: int = 65536
+    golden_pool: str = "mean"  # mean | max (pooling over a block's queries and a GQA group's heads)
+    grad_clip: float = 1.0
+    ckpt_every: int = 50
+    seed: int = 0
+    deepspeed: str | None = None
+    objective: str = "foresight"
+
+
+@dataclass
+class GRPOConfig:
+    steps: int = 40
+    traces_per_step: int = 4
+    group: int = 8
+    lr: float = 3e-4
+    warmup: int = 10
+    clip_eps: float = 0.2
+    epochs: int = 2
+    beta: float = 0.03
+    eta: float = 1.5
+    low_entropy_share: float = 0.8
+    normalise: str = "low_entropy"  # low_entropy | counted
+    temperature: float = 1.0
+    ckpt_every: int = 10
+    seed: int = 0
+    deepspeed: str | None = None
+
+
+@dataclass
+class EvalConfig:
+    num_problems: int = 16
+    budgets: str = "256:64,512:128"
+    methods: str = "full,golden,random,streamingllm,h2o,tova,snapkv,rkv,scissorhands,knorm,keydiff,random-keep-prompt"
+    n_samples: int = 1
+    do_sample: bool = False
+    seed: int = 0
+    protect_prompt: bool = False
+
+
+@dataclass
+class Recipe:
+    name: str = "tiny-qwen3"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    traces: TracesConfig = field(default_factory=TracesConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scorer: ScorerConfig = field(default_factory=ScorerConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def fingerprint(self, *sections: str) -> str:
+        """A short hash of the named sections (used to refuse mixing data of different recipes)."""
+        d = self.to_dict()
+        blob = json.dumps({s: d[s] for s in sections}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _coerce(value, tp, where: str):
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0], where)
+    if origin is list:
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v]
+        if not isinstance(value, list):
+            raise RecipeError(f"{where}: expected a list, got {value!r}")
+        return [_coerce(v, args[0], where) for v in value]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise RecipeError(f"{where}: expected true/false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise RecipeError(f"{where}: expected an integer, got {value!r}")
+        try:
+            f = float(value)
+        except (TypeError, ValueError):
+            raise RecipeError(f"{where}: expected an integer, got {value!r}") from None
+        if f != int(f):
+            raise RecipeError(f"{where}: expected an integer, got {value!r}")
+        return int(f)
+    if tp is float:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise RecipeError(f"{where}: expected a number, got {value!r}") from None
+    if tp is str:
+        if value is None:
+            raise RecipeError(f"{where}: expected a string, got null")
+        return str(value)
+    return value
+
+
+def _fill(obj, data: dict, where: str):
+    if not isinstance(data, dict):
+        raise RecipeError(f"{where}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(type(obj))
+    names = {f.name for f in dataclasses.fields(obj)}
+    for key, value in data.items():
+        if key not in names:
+            raise RecipeError(f"unknown recipe field '{where}.{key}' (known: {', '.join(sorted(names))})".replace("'.", "'"))
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            _fill(getattr(obj, key), value, f"{where}.{key}" if where else key)
+        else:
+            setattr(obj, key, _coerce(value, tp, f"{where}.{key}" if where else key))
+
+
+def load_recipe(path: str | Path | None = None, overrides: list[str] | None = None) -> Recipe:
+    """Read a YAML recipe (None = the built-in defaults, i.e. tiny-qwen3) and apply ``section.field=value`` overrides."""
+    recipe = Recipe()
+    if path is not None:
+        p = Path(path)
+        if not p.exists():
+            raise RecipeError(f"recipe file not found: {p}")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise RecipeError(f"recipe {p} is not valid YAML: {e}") from None
+        _fill(recipe, data, "")
+    for item in overrides or []:
+        if "=" not in item:
+            raise RecipeError(f"--set expects section.field=value, got {item!r}")
+        key, raw = item.split("=", 1)
+        parts = key.strip().split(".")
+        value = yaml.safe_load(raw) if raw.strip() else ""
+        nested: dict = {}
+        cur = nested
+        for part in parts[:-1]:
+            cur = cur.setdefault(part, {})
+        cur[parts[-1]] = value
+        _fill(recipe, nested, "")
+    return recipe
+
+
+def parse_budgets(spec: str) -> list[tuple[int, int]]:
+    """'512:128,1024:256' -> [(512, 128), (1024, 256)]."""
+    out = []
+    for item in spec.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        try:
+            b, l = item.split(":")
+            out.append((int(b), int(l)))
+        except ValueError:
+            raise RecipeError(f"budget {item!r} must look like BUDGET:INTERVAL, e.g. 512:128") from None
+    if not out:
+        raise RecipeError("no budgets given")
+    return out

@@ -1,0 +1,45 @@
+"""The attention statistics that policies and scorers see, defined in one place.
+
+For every cached key and every *query head* of its GQA group (so ``G = q_heads / kv_heads`` values each),
+the cache keeps these statistics (all from post-softmax attention probabilities, fp32):
+
+==========  =================================================================================================
+``max``     max over the current block's queries of the attention the key received (block = the queries
+            since the last eviction, i.e. the L newest tokens when eviction runs)
+``min``     min over the block's queries that could see the key (0 for a key no block query saw)
+``sum``     sum over the block's queries
+``w8``      sum over the last 8 queries of the block (along the *query* axis; the released code slices the
+            GQA-head axis by mistake, which makes it a copy of ``sum``)
+``w16``     sum over the last 16 queries
+``w32``     sum over the last 32 queries
+``cum``     running cumulative sum over every query since the key entered the cache, carried across
+            evictions (gathered with the kept indices) — H2O's statistic
+``decay``   decayed running sum, updated once per block: ``decay ← 0.9 · decay + sum`` at each eviction
+==========  =================================================================================================
+
+``max``, ``min``, ``sum`` and ``cum`` are accumulated inside every attention call from that call's queries
+against the cached keys (no sequence×sequence tensor: a call sees at most L queries × (B+L) keys). The
+window sums use the last 32 queries, which the cache keeps: at eviction time their attention rows are
+recomputed against the same keys under the same causal rule, which reproduces exactly the probabilities they
+had (keys added later are masked, and nothing was evicted in between when L ≥ 32). ``w1`` (the newest query
+alone, TOVA's statistic) is available to policies but not part of the scorer features.
+"""
+
+from __future__ import annotations
+
+STAT_NAMES = ("max", "min", "sum", "w8", "w16", "w32", "cum", "decay")
+WINDOWS = (1, 8, 16, 32)
+QUERY_WINDOW = max(WINDOWS)
+DECAY = 0.9
+
+
+def feature_dim(head_dim: int, group: int, features=("key", "value", "attn")) -> int:
+    """Input width of a scorer: [key; value; 8 statistics × G query heads]."""
+    d = 0
+    if "key" in features:
+        d += head_dim
+    if "value" in features:
+        d += head_dim
+    if "attn" in features:
+        d += len(STAT_NAMES) * group
+    return d

@@ -1,0 +1,43 @@
+"""The policy interface: one method, ``score(view) -> [layers, batch, kv_heads, slots]``, higher = evict first.
+
+A policy sees an :class:`~foresight.cache.EvictionView` (keys, values, token indices, attention statistics,
+which slots are candidates) for all layers at once; the cache masks protected slots and picks the L to evict.
+GQA pooling: statistics come per query head (``[..., g, n]``); :func:`pool_group` reduces a KV head's group.
+"""
+
+from __future__ import annotations
+
+import torch
+
+REGISTRY: dict[str, type] = {}
+
+
+def register(name: str):
+    def deco(cls):
+        cls.name = name
+        REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def pool_group(x: torch.Tensor, how: str = "mean") -> torch.Tensor:
+    """[..., g, n] -> [..., n]: pool a statistic over the query heads of a GQA group."""
+    if how == "mean":
+        return x.mean(-2)
+    if how == "max":
+        return x.amax(-2)
+    if how == "sum":
+        return x.sum(-2)
+    raise ValueError(f"unknown GQA pooling {how!r} (mean, max, sum)")
+
+
+class Policy:
+    name = "policy"
+    needs_attention = True  # False for query-free policies (suit fused attention kernels)
+
+    def score(self, view) -> torch.Tensor:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def __repr__(self):
+        return f"{type(self).__name__}()"

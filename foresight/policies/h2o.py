@@ -1,0 +1,16 @@
+"""H2O (Zhang et al., 2023, "H2O: Heavy-Hitter Oracle for Efficient Generative Inference"): keep the
+recent window (protected by the cache) and the heavy hitters by *cumulative* attention received.
+
+Rule: eviction score = -(cumulative attention since the key entered the cache, summed over the GQA group's
+query heads); the lowest-cumulative pairs go first."""
+
+from foresight.policies.base import Policy, pool_group, register
+
+
+@register("h2o")
+class H2O(Policy):
+    def __init__(self, pool: str = "sum"):
+        self.pool = pool
+
+    def score(self, view):
+        return -pool_group(view.stats["cum"], self.pool)

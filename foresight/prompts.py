@@ -1,0 +1,139 @@
+"""Prompt sources and answer checkers for the data stage and the evaluation.
+
+* ``task.kind = ledger``: the synthetic generator of ``data_prep/ledger.py`` (prompt i is drawn from seed
+  ``traces.seed * 1_000_003 + i``; held-out problems start at ``traces.heldout_offset``), checked by its own
+  checker.
+* ``task.kind = math``: a ``datasets`` dataset (local json/jsonl/parquet/csv, or a hub name where a hub is
+  reachable) with a prompt column and an answer column; answers are checked by ``\\boxed{}`` extraction and
+  normalisation.
+* ``task.kind = none``: a dataset with a prompt column only; traces are kept by length alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import re
+from pathlib import Path
+
+from data_prep import ledger
+
+MATH_INSTRUCTION = "Please solve the following problem step by step and put the final answer within \\boxed{}."
+
+
+@dataclasses.dataclass
+class Prompt:
+    index: int
+    messages: list  # chat messages (user, optionally system)
+    answer: str | None
+    input_ids: list[int] | None = None  # pre-tokenised prompt (synthetic task)
+
+
+def ledger_spec(task) -> ledger.LedgerSpec:
+    return ledger.LedgerSpec(task.facts, task.variables, task.filler, task.scratch)
+
+
+def load_prompts(recipe, start: int, count: int, tokenizer=None) -> list[Prompt]:
+    """Prompts ``start .. start+count-1`` of the recipe's prompt source."""
+    task, tr = recipe.task, recipe.traces
+    if tr.prompt_dataset is None:
+        if task.kind != "ledger":
+            raise ValueError(f"task.kind={task.kind!r} needs traces.prompt_dataset (a path or a hub name)")
+        spec = ledger_spec(task)
+        out = []
+        for i in range(start, start + count):
+            p = ledger.make_problem(spec, random.Random(tr.seed * 1_000_003 + i))
+            out.append(Prompt(i, [{"role": "user", "content": ledger.prompt_text(p)}], p.answer, p.prompt_ids))
+        return out
+    ds = load_prompt_dataset(tr.prompt_dataset, tr.prompt_split)
+    cols = set(ds.column_names)
+    if tr.prompt_column not in cols:
+        raise ValueError(f"prompt dataset {tr.prompt_dataset!r} has no column {tr.prompt_column!r} "
+                         f"(columns: {', '.join(sorted(cols))}); set traces.prompt_column")
+    need_answer = task.kind in ("math", "ledger")
+    if need_answer and tr.answer_column not in cols:
+        raise ValueError(f"prompt dataset {tr.prompt_dataset!r} has no answer column {tr.answer_column!r} "
+                         f"(columns: {', '.join(sorted(cols))}); set traces.answer_column or task.kind=none")
+    if len(ds) == 0:
+        raise ValueError(f"prompt dataset {tr.prompt_dataset!r} is empty")
+    out = []
+    for i in range(start, min(start + count, len(ds))):
+        row = ds[i]
+        text = str(row[tr.prompt_column])
+        if task.kind == "math":
+            text = f"{text}\n{task.instruction or MATH_INSTRUCTION}"
+        msgs = ([{"role": "system", "content": task.system_prompt}] if task.system_prompt else [])
+        msgs.append({"role": "user", "content": text})
+        out.append(Prompt(i, msgs, str(row[tr.answer_column]) if need_answer else None))
+    return out
+
+
+def load_prompt_dataset(name: str, split: str = "train"):
+    import datasets
+
+    p = Path(name)
+    if p.exists():
+        if p.is_dir() and (p / "dataset_info.json").exists():
+            ds = datasets.load_from_disk(str(p))
+            return ds[split] if isinstance(ds, datasets.DatasetDict) else ds
+        ext = p.suffix.lstrip(".")
+        kind = {"jsonl": "json", "json": "json", "parquet": "parquet", "csv": "csv"}.get(ext)
+        if kind is None:
+            raise ValueError(f"prompt dataset {name!r}: unsupported file type {ext!r} (json, jsonl, parquet, csv)")
+        return datasets.load_dataset(kind, data_files=str(p), split="train")
+    if name.startswith((".", "/")) or name.endswith((".json", ".jsonl", ".parquet", ".csv")):
+        raise FileNotFoundError(f"prompt dataset file not found: {name}")
+    return datasets.load_dataset(name, split=split)
+
+
+# ------------------------------------------------------------------------------------------------ checking
+def extract_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (balanced braces), or None."""
+    i = text.rfind("\\boxed")
+    if i < 0:
+        return None
+    j = text.find("{", i)
+    if j < 0:
+        return None
+    depth = 0
+    for k in range(j, len(text)):
+        if text[k] == "{":
+            depth += 1
+        elif text[k] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[j + 1:k]
+    return None
+
+
+def normalise_answer(s: str) -> str:
+    s = s.strip().strip("$").strip()
+    s = re.sub(r"\\(left|right|displaystyle|!|,|;|:)", "", s)
+    s = re.sub(r"\\text\{([^}]*)\}", r"\1", s)
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace(" ", "")
+    s = re.sub(r"\^\{\\circ\}|\^\\circ|°", "", s)
+    s = s.rstrip(".")
+    if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", s):
+        s = s.replace(",", "")
+    try:
+        f = float(s)
+        if f == int(f):
+            return str(int(f))
+        return repr(f)
+    except ValueError:
+        return s
+
+
+def math_correct(text: str, answer: str) -> bool:
+    got = extract_boxed(text)
+    return got is not None and normalise_answer(got) == normalise_answer(extract_boxed(answer) or answer)
+
+
+def check(recipe, solution_ids: list[int], text: str, answer: str | None) -> bool | None:
+    """Correctness of one generated solution (None when the task is not checkable)."""
+    kind = recipe.task.kind
+    if kind == "ledger":
+        return ledger.check(solution_ids, answer, ledger_spec(recipe.task))
+    if kind == "math":
+        return math_correct(text, answer)
+    return None

@@ -1,0 +1,234 @@
+"""The data stage (``foresight traces``): a frozen model writes reasoning traces; correct, long ones are kept
+with their full-cache per-token loss and entropy (what the GRPO reward needs).
+
+Pipeline per batch of prompts: batched generation (seeded; greedy or the recipe's sampling) → check the
+answer → keep correct traces with at least ``traces.min_new_tokens`` generated tokens → one chunked
+teacher-forced full-cache pass per kept trace (``traces.loss_chunk`` tokens of logits at a time, never the
+full sequence × vocabulary) → the batch's records are written atomically as one part file.
+
+Resumable: a part file exists only once its batch is complete, so a killed run started again skips the
+finished batches and never duplicates a trace. Several processes (one per GPU, started by ``deepspeed`` or
+``torchrun``) take disjoint batches (batch i goes to rank ``i % world``), write disjoint part files, and rank
+0 merges them into one ``datasets`` dataset once all are done. Sampling seeds depend on the batch index
+only, so the data does not depend on the number of processes.
+
+Output folder::
+
+    OUT/recipe.json      the recipe that made it (a different recipe is refused)
+    OUT/parts/*.json     per-batch records (kept for resume)
+    OUT/dataset/         the merged datasets.Dataset (save_to_disk)
+    OUT/meta.json        model, tokenizer, recipe, seed, date, counts, throughput
+
+Record fields: ``input_ids`` (prompt + solution, EOS included), ``prompt_len``, ``answer``, ``correct``,
+``token_loss`` and ``token_entropy`` (aligned with ``input_ids``; index t is about predicting token t, index 0
+is 0), ``prompt_index``, ``num_new_tokens``, ``text`` (the decoded solution).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from foresight import distributed, prompts
+from foresight.generate import generate
+from foresight.models import load_model
+from foresight.rollout import rollout
+
+TRACE_SECTIONS = ("model", "task", "traces")
+
+
+class TraceDataError(ValueError):
+    """A trace folder or file is malformed or belongs to another recipe."""
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(obj))
+    os.replace(tmp, path)
+
+
+def recipe_key(recipe) -> dict:
+    d = recipe.to_dict()
+    key = {s: dict(d[s]) for s in TRACE_SECTIONS}
+    key["traces"].pop("num_prompts")  # more prompts extend the same data
+    return key
+
+
+def check_out_dir(out: Path, recipe) -> None:
+    """Refuse an output folder that holds another recipe's traces; record ours otherwise."""
+    out.mkdir(parents=True, exist_ok=True)
+    rec = out / "recipe.json"
+    key = recipe_key(recipe)
+    if rec.exists():
+        try:
+            old = json.loads(rec.read_text())
+        except json.JSONDecodeError:
+            raise TraceDataError(f"{rec} is not valid JSON; is {out} a traces folder?") from None
+        if old.get("key") != key:
+            diff = sorted(f"{s}.{k}" for s in key for k in key[s] if old.get("key", {}).get(s, {}).get(k) != key[s][k])
+            raise TraceDataError(f"output folder {out} holds traces of another recipe (differs in: "
+                                 f"{', '.join(diff) or 'sections'}); use a new --out")
+    else:
+        write_json_atomic(rec, {"recipe": recipe.name, "key": key})
+
+
+def make_traces(recipe, out: Path, progress: bool = True, log=print) -> dict:
+    out = Path(out)
+    rank, world = distributed.rank_world()
+    if rank == 0:
+        check_out_dir(out, recipe)
+    distributed.barrier()
+    if rank != 0:
+        check_out_dir(out, recipe)
+    parts = out / "parts"
+    parts.mkdir(exist_ok=True)
+    device = distributed.local_device(recipe.model.device)
+    model, tok = load_model(recipe.model, device=str(device))
+    tr = recipe.traces
+    if tr.num_prompts <= 0:
+        raise ValueError(f"traces.num_prompts must be > 0, got {tr.num_prompts}")
+    n_batches = (tr.num_prompts + tr.batch_size - 1) // tr.batch_size
+    mine = [i for i in range(n_batches) if i % world == rank]
+    todo = [i for i in mine if not (parts / f"batch-{i:05d}.json").exists()]
+    if len(todo) < len(mine):
+        log(f"[traces] resuming: {len(mine) - len(todo)} of {len(mine)} batches already done")
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(todo), desc=f"traces[rank{rank}]", disable=not progress, unit="batch")
+    kept = gen_tokens = 0
+    t0 = time.time()
+    for bi in todo:
+        start = bi * tr.batch_size
+        count = min(tr.batch_size, tr.num_prompts - start)
+        batch = prompts.load_prompts(recipe, start, count, tok)
+        records, n_new = run_batch(recipe, model, tok, batch, seed=tr.seed * 7919 + bi, device=device)
+        write_json_atomic(parts / f"batch-{bi:05d}.json", records)
+        kept += len(records)
+        gen_tokens += n_new
+        bar.update(1)
+        bar.set_postfix(kept=kept, tok_s=f"{gen_tokens / max(time.time() - t0, 1e-9):.0f}")
+    bar.close()
+    elapsed = time.time() - t0
+    distributed.barrier()
+    summary = {"kept_this_run": kept, "generated_tokens_this_run": gen_tokens, "seconds_this_run": round(elapsed, 2)}
+    if rank == 0:
+        summary.update(merge(out, recipe, n_batches, model, tok))
+        summary["traces_per_minute"] = round(kept / max(elapsed, 1e-9) * 60, 2) if kept else 0.0
+        meta = json.loads((out / "meta.json").read_text())
+        meta["throughput"] = summary
+        write_json_atomic(out / "meta.json", meta)
+    distributed.barrier()
+    return summary
+
+
+def run_batch(recipe, model, tok, batch: list, seed: int, device) -> tuple[list, int]:
+    tr = recipe.traces
+    rows = []
+    for p in batch:
+        if p.input_ids is not None:
+            rows.append(list(p.input_ids))
+        else:
+            enc = tok.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=True)
+            rows.append(list(enc["input_ids"] if hasattr(enc, "keys") else enc))
+    P = max(map(len, rows))
+    pad = tok.pad_token_id
+    ids = torch.tensor([[pad] * (P - len(r)) + r for r in rows], device=device)
+    mask = torch.tensor([[0] * (P - len(r)) + [1] * len(r) for r in rows], device=device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    res = generate(model, ids, mask, max_new_tokens=tr.max_new_tokens, do_sample=tr.do_sample,
+                   temperature=tr.temperature, top_k=tr.top_k, top_p=tr.top_p, eos_token_id=tok.eos_token_id,
+                   pad_token_id=pad, generator=gen)
+    records, n_new = [], 0
+    for p, row, new in zip(batch, rows, res.new_tokens.tolist()):
+        if tok.eos_token_id in new:
+            new = new[: new.index(tok.eos_token_id) + 1]
+        n_new += len(new)
+        text = tok.decode(new, skip_special_tokens=True)
+        correct = prompts.check(recipe, new, text, p.answer)
+        if tr.require_correct and correct is False:
+            continue
+        if len(new) < tr.min_new_tokens:
+            continue
+        seq = torch.tensor([row + new], device=device)
+        full = rollout(model, seq, policy=None, chunk=tr.loss_chunk)
+        records.append({
+            "prompt_index": p.index, "input_ids": row + new, "prompt_len": len(row), "answer": p.answer or "",
+            "correct": correct, "num_new_tokens": len(new), "text": text,
+            "token_loss": [round(x, 6) for x in full.token_loss[0].tolist()],
+            "token_entropy": [round(x, 6) for x in full.token_entropy[0].tolist()],
+        })
+    return records, n_new
+
+
+def merge(out: Path, recipe, n_batches: int, model, tok) -> dict:
+    """Merge the part files into ``OUT/dataset`` (atomic: written aside, then renamed)."""
+    import shutil
+
+    import datasets
+
+    rows = []
+    for bi in range(n_batches):
+        f = out / "parts" / f"batch-{bi:05d}.json"
+        if not f.exists():
+            raise TraceDataError(f"missing part file {f}: a process did not finish; run the same command again")
+        rows.extend(json.loads(f.read_text()))
+    rows.sort(key=lambda r: r["prompt_index"])
+    if not rows:
+        raise TraceDataError(f"no trace was kept out of {recipe.traces.num_prompts} prompts (all wrong or shorter "
+                             f"than traces.min_new_tokens={recipe.traces.min_new_tokens}); nothing to save")
+    ds = datasets.Dataset.from_list(rows)
+    tmp = out / "dataset.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    ds.save_to_disk(str(tmp))
+    final = out / "dataset"
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    lengths = [len(r["input_ids"]) for r in rows]
+    meta = {
+        "model": recipe.model.path, "gguf_file": recipe.model.gguf_file, "revision": recipe.model.revision,
+        "model_class": type(model).__name__, "tokenizer": type(tok).__name__, "recipe": recipe.to_dict(),
+        "recipe_name": recipe.name, "seed": recipe.traces.seed,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "num_traces": len(rows), "num_prompts": recipe.traces.num_prompts,
+        "length": {"min": min(lengths), "mean": round(sum(lengths) / len(lengths), 1), "max": max(lengths)},
+    }
+    write_json_atomic(out / "meta.json", meta)
+    return {"num_traces": len(rows), "length": meta["length"]}
+
+
+REQUIRED = ("input_ids", "prompt_len", "token_loss", "token_entropy")
+
+
+def load_traces(path: str | Path, limit: int | None = None):
+    """Load a traces dataset (``OUT`` or ``OUT/dataset``), checking that it is well formed."""
+    import datasets
+
+    p = Path(path)
+    if (p / "dataset").exists():
+        p = p / "dataset"
+    if not p.exists():
+        raise TraceDataError(f"traces not found at {path}: run `foresight traces --out {path}` first")
+    try:
+        ds = datasets.load_from_disk(str(p))
+    except Exception as e:  # noqa: BLE001 - datasets raises many kinds
+        raise TraceDataError(f"{p} is not a traces dataset: {e}") from None
+    missing = [c for c in REQUIRED if c not in ds.column_names]
+    if missing:
+        raise TraceDataError(f"trace dataset {p} lacks column(s) {', '.join(missing)}")
+    if len(ds) == 0:
+        raise TraceDataError(f"trace dataset {p} is empty")
+    if limit is not None:
+        ds = ds.select(range(min(limit, len(ds))))
+    for i, r in enumerate(ds):
+        n = len(r["input_ids"])
+        if len(r["token_loss"]) != n or len(r["token_entropy"]) != n or not 0 < r["prompt_len"] < n:
+            raise TraceDataError(f"trace {i} of {p} is malformed: input_ids, token_loss and token_entropy must have "
+                                 f"equal lengths and 0 < prompt_len < length")
+    return ds

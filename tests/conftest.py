@@ -1,0 +1,46 @@
+"""Shared fixtures: tiny random models built from real transformers configs (Qwen3, Llama), saved with the
+project's tokenizer so every stage can load them like any checkpoint."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from data_prep import ledger
+from data_prep.tokenizer import build_tokenizer
+from foresight.attention import use_foresight_attention
+
+torch.set_num_threads(2)
+
+
+def tiny_qwen3(seed: int = 0, layers: int = 2, kv_heads: int = 2, heads: int = 4, head_dim: int = 16):
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=len(ledger.VOCAB), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+                      max_position_embeddings=4096, bos_token_id=ledger.BOS, eos_token_id=ledger.EOS,
+                      pad_token_id=ledger.PAD, tie_word_embeddings=True)
+    return use_foresight_attention(Qwen3ForCausalLM(cfg).eval())
+
+
+def tiny_llama(seed: int = 0):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(ledger.VOCAB), hidden_size=72, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=4096,
+                      bos_token_id=ledger.BOS, eos_token_id=ledger.EOS, pad_token_id=ledger.PAD)
+    return use_foresight_attention(LlamaForCausalLM(cfg).eval())
+
+
+@pytest.fixture
+def qwen3():
+    return tiny_qwen3()
+
+
+@pytest.fixture
+def tiny_model_dir(tmp_path):
+    """A tiny random Qwen3 saved with the ledger tokenizer (a loadable model folder)."""
+    m = tiny_qwen3()
+    d = tmp_path / "tiny-random-qwen3"
+    m.save_pretrained(d)
+    build_tokenizer().save_pretrained(d)
+    return d

@@ -1,0 +1,167 @@
+import pytest
+import torch
+from transformers import DynamicCache
+
+from conftest import tiny_llama, tiny_qwen3
+from foresight.cache import BoundedCache, validate_budget
+from foresight.features import STAT_NAMES
+from foresight.generate import generate
+from foresight.policies import make_policy
+from foresight.rollout import rollout
+
+
+def feed_chunks(model, cache, ids):
+    outs, s = [], 0
+    while s < ids.shape[1]:
+        q = cache.next_chunk(ids.shape[1] - s)
+        outs.append(model(input_ids=ids[:, s:s + q], cache=cache, use_cache=True).logits)
+        s += q
+    return torch.cat(outs, 1)
+
+
+@pytest.mark.parametrize("make", [tiny_qwen3, tiny_llama])
+def test_no_eviction_equals_plain_model(make):
+    m = make()
+    ids = torch.randint(8, 170, (2, 60))
+    with torch.no_grad():
+        ref = m(ids).logits
+        got = feed_chunks(m, BoundedCache(m.config, make_policy("h2o"), budget=64, interval=16), ids)
+    assert torch.allclose(ref, got, atol=1e-5)
+
+
+def test_rollout_equals_token_by_token_generation_under_eviction(qwen3):
+    ids = torch.randint(8, 170, (2, 20))
+    for name in ("h2o", "tova", "snapkv", "rkv", "scissorhands", "streamingllm", "keydiff"):
+        g = generate(qwen3, ids, max_new_tokens=50, policy=make_policy(name), budget=16, interval=4)
+        r = rollout(qwen3, g.sequences, policy=make_policy(name), budget=16, interval=4)
+        assert g.cache.steps > 5
+        assert torch.allclose(r.token_loss[:, 20:], -g.logprobs, atol=1e-4), name
+
+
+def test_generation_matches_transformers_generate_with_full_budget(qwen3):
+    ids = torch.randint(8, 170, (2, 12))
+    ref = qwen3.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=30, do_sample=False)
+    full = generate(qwen3, ids, max_new_tokens=30)
+    big = generate(qwen3, ids, max_new_tokens=30, policy=make_policy("h2o"), budget=128, interval=32)
+    assert torch.equal(ref, full.sequences) and torch.equal(ref, big.sequences)
+    assert big.cache.steps == 0
+
+
+def test_left_padded_batch_equals_single_sequences_without_eviction(qwen3):
+    a = torch.randint(8, 170, (1, 10))
+    b = torch.randint(8, 170, (1, 14))
+    ids = torch.cat([torch.cat([torch.zeros(1, 4, dtype=torch.long), a], 1), b])
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0
+    out = generate(qwen3, ids, mask, max_new_tokens=15, policy=make_policy("h2o"), budget=64, interval=16)
+    for row, single in ((0, a), (1, b)):
+        ref = generate(qwen3, single, max_new_tokens=15)
+        assert torch.equal(out.new_tokens[row], ref.new_tokens[0])
+        assert torch.allclose(out.logprobs[row], ref.logprobs[0], atol=1e-4)
+
+
+def test_cache_is_really_bounded_and_keeps_newest(qwen3):
+    B, L = 24, 8
+    seen_sizes = []
+
+    def rec(step):
+        seen_sizes.append(step["token"].shape[-1])
+
+    ids = torch.randint(8, 170, (3, 150))
+    c = BoundedCache(qwen3.config, make_policy("random"), budget=B, interval=L, recorder=rec,
+                     generator=torch.Generator().manual_seed(0))
+    feed_chunks(qwen3, c, ids)
+    assert c.keys.shape[3] == B + L  # storage allocated once at B+L slots, never grown
+    assert set(seen_sizes) == {B + L} and c.steps == (150 - B - L) // L + 1
+    tok = c.token[:, :, :, : c.n]
+    assert (tok >= 0).all()
+    # every head holds distinct tokens, sorted by time, and the newest tokens since the last eviction are there
+    assert (tok.diff(dim=-1) > 0).all()
+    newest = torch.arange(150 - (c.n - B) - L, 150)
+    assert torch.isin(newest, tok[0, 0, 0]).all()
+    # different heads keep different sets (per-head eviction)
+    assert not torch.equal(tok[0, 0, 0], tok[0, 0, 1])
+
+
+def test_sinks_protected(qwen3):
+    ids = torch.randint(8, 170, (1, 100))
+    c = BoundedCache(qwen3.config, make_policy("streamingllm"), budget=20, interval=4, sinks=4)
+    feed_chunks(qwen3, c, ids)
+    tok = c.token[0, 0, 0, : c.n].tolist()
+    assert tok[:4] == [0, 1, 2, 3] and tok[4:] == list(range(100 - c.n + 4, 100))
+
+
+def test_impossible_settings_fail_at_construction(qwen3):
+    with pytest.raises(ValueError, match="must be smaller than the budget"):
+        BoundedCache(qwen3.config, make_policy("h2o"), budget=16, interval=16)
+    with pytest.raises(ValueError, match="budget must be > 0"):
+        validate_budget(0, 4)
+    with pytest.raises(ValueError, match="sinks \\+ interval"):
+        BoundedCache(qwen3.config, make_policy("h2o"), budget=16, interval=8, sinks=10)
+    with pytest.raises(ValueError, match="interval must be > 0"):
+        validate_budget(16, 0)
+
+
+def test_short_sequences_and_long_prompts(qwen3):
+    short = torch.randint(8, 170, (1, 5))
+    r = rollout(qwen3, short, policy=make_policy("h2o"), budget=64, interval=16)
+    assert r.token_loss.shape == (1, 5) and r.peak_slots == 5
+    long_prompt = torch.randint(8, 170, (2, 90))  # > 2B
+    g = generate(qwen3, long_prompt, max_new_tokens=10, policy=make_policy("h2o"), budget=32, interval=8)
+    assert g.peak_slots <= 32 + 8 and g.new_tokens.shape == (2, 10)
+
+
+def test_statistics_match_dense_attention():
+    """At the first eviction every statistic equals the one computed from the dense attention matrix."""
+    m = tiny_qwen3()
+    eager = tiny_qwen3()
+    eager.set_attn_implementation("eager")
+    B, L = 40, 32
+    ids = torch.randint(8, 170, (1, B + L))
+    views = []
+    c = BoundedCache(m.config, make_policy("h2o"), budget=B, interval=L, recorder=lambda s: views.append(s["view"]))
+    with torch.no_grad():
+        feed_chunks(m, c, ids)
+        m(input_ids=torch.randint(8, 170, (1, 1)), cache=c, use_cache=True)  # triggers the eviction
+        att = eager(ids, output_attentions=True).attentions  # per layer [1, Hq, S, S]
+    v = views[0]
+    assert v.keys.shape[3] == B + L
+    for layer, A in enumerate(att):
+        A = A[0].view(2, 2, B + L, B + L)  # [kv, g, q, k]
+        blk = A[:, :, B:]
+        seen = torch.ones_like(blk, dtype=torch.bool)
+        seen &= torch.arange(B + L)[None, None, None, :] <= torch.arange(B, B + L)[None, None, :, None]
+        ref = {"sum": blk.sum(2), "max": blk.amax(2), "min": blk.masked_fill(~seen, float("inf")).amin(2),
+               "w8": blk[:, :, -8:].sum(2), "w16": blk[:, :, -16:].sum(2), "w32": blk[:, :, -32:].sum(2),
+               "cum": A.sum(2), "decay": blk.sum(2), "w1": blk[:, :, -1]}
+        for name in list(STAT_NAMES) + ["w1"]:
+            got = v.stats[name][layer, 0]
+            assert torch.allclose(got, ref[name], atol=1e-5), (layer, name)
+
+
+def test_cache_works_inside_transformers_generate(qwen3):
+    ids = torch.randint(8, 170, (1, 10))
+    c = BoundedCache(qwen3.config, make_policy("h2o"), budget=16, interval=4)
+    out = qwen3.generate(ids, past_key_values=c, max_new_tokens=40, do_sample=False)
+    assert out.shape[1] == 50 and c.steps >= 8 and c.n <= 20
+    mine = generate(qwen3, ids, max_new_tokens=40, policy=make_policy("h2o"), budget=16, interval=4)
+    assert torch.equal(out, mine.sequences)
+
+
+def test_wrong_attention_implementation_is_caught():
+    m = tiny_qwen3()
+    m.set_attn_implementation("sdpa")
+    c = BoundedCache(m.config, make_policy("h2o"), budget=16, interval=4)
+    m(input_ids=torch.randint(8, 170, (1, 4)), cache=c, use_cache=True)
+    with pytest.raises(RuntimeError, match="attn_implementation='foresight'"):
+        m(input_ids=torch.randint(8, 170, (1, 4)), cache=c, use_cache=True)
+
+
+def test_dynamic_cache_path_unchanged(qwen3):
+    ids = torch.randint(8, 170, (1, 30))
+    with torch.no_grad():
+        a = qwen3(ids).logits
+        c = DynamicCache()
+        b1 = qwen3(ids[:, :20], cache=c, use_cache=True).logits
+        b2 = qwen3(ids[:, 20:], cache=c, use_cache=True).logits
+    assert torch.allclose(a, torch.cat([b1, b2], 1), atol=1e-5)

@@ -1,0 +1,123 @@
+import json
+import os
+
+import pytest
+import torch
+
+from foresight import traces
+from foresight.config import load_recipe
+from foresight.models import load_model
+from foresight.rollout import loss_and_entropy
+
+
+def recipe_for(model_dir, **extra):
+    sets = [f"model.path={model_dir}", "task.facts=4", "task.variables=2", "task.filler=0", "task.scratch=0",
+            "traces.num_prompts=6", "traces.batch_size=2", "traces.require_correct=false",
+            "traces.min_new_tokens=5", "traces.max_new_tokens=12", "traces.loss_chunk=7"]
+    sets += [f"{k}={v}" for k, v in extra.items()]
+    return load_recipe("recipes/tiny-qwen3.yaml", sets)
+
+
+def test_traces_run_writes_dataset_with_loss_and_entropy(tiny_model_dir, tmp_path):
+    r = recipe_for(tiny_model_dir)
+    out = tmp_path / "tr"
+    summary = traces.make_traces(r, out, progress=False, log=lambda *_: None)
+    ds = traces.load_traces(out)
+    assert summary["num_traces"] == len(ds) == 6
+    for col in ("input_ids", "prompt_len", "answer", "correct", "token_loss", "token_entropy"):
+        assert col in ds.column_names
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["seed"] == 0 and meta["num_traces"] == 6 and "date" in meta
+    # stored loss and entropy equal a direct full-sequence computation
+    model, _ = load_model(r.model, device="cpu")
+    row = ds[0]
+    ids = torch.tensor([row["input_ids"]])
+    with torch.no_grad():
+        logits = model(ids).logits
+    nll, ent = loss_and_entropy(logits[:, :-1], ids[:, 1:])
+    assert torch.allclose(torch.tensor(row["token_loss"][1:]), nll[0], atol=1e-4)
+    assert torch.allclose(torch.tensor(row["token_entropy"][1:]), ent[0], atol=1e-4)
+    assert row["token_loss"][0] == 0.0
+
+
+def test_traces_resume_after_interruption(tiny_model_dir, tmp_path):
+    r = recipe_for(tiny_model_dir)
+    out = tmp_path / "tr"
+    traces.make_traces(r, out, progress=False, log=lambda *_: None)
+    first = traces.load_traces(out)
+    # simulate a kill after the first batch: drop later part files and the merged dataset
+    for f in sorted((out / "parts").glob("batch-*.json"))[1:]:
+        f.unlink()
+    import shutil
+
+    shutil.rmtree(out / "dataset")
+    before = (out / "parts" / "batch-00000.json").stat().st_mtime_ns
+    logs = []
+    traces.make_traces(r, out, progress=False, log=logs.append)
+    assert any("resuming" in x for x in logs)
+    assert (out / "parts" / "batch-00000.json").stat().st_mtime_ns == before  # not regenerated
+    again = traces.load_traces(out)
+    assert again["prompt_index"] == first["prompt_index"] == list(range(6))  # nothing duplicated
+    assert again["input_ids"] == first["input_ids"]
+
+
+def test_traces_refuses_other_recipes_folder(tiny_model_dir, tmp_path):
+    out = tmp_path / "tr"
+    traces.make_traces(recipe_for(tiny_model_dir), out, progress=False, log=lambda *_: None)
+    with pytest.raises(traces.TraceDataError, match="another recipe.*task.facts"):
+        traces.make_traces(recipe_for(tiny_model_dir, **{"task.facts": 5}), out, progress=False)
+
+
+def test_traces_clear_errors(tiny_model_dir, tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        traces.make_traces(recipe_for(tmp_path / "nope"), tmp_path / "a", progress=False)
+    bad = tmp_path / "p.jsonl"
+    bad.write_text(json.dumps({"question": "1+1", "answer": "2"}) + "\n")
+    r = recipe_for(tiny_model_dir, **{"task.kind": "math", "traces.prompt_dataset": str(bad)})
+    with pytest.raises(ValueError, match="no column 'prompt'.*question"):
+        traces.make_traces(r, tmp_path / "b", progress=False)
+
+
+def test_load_traces_rejects_malformed(tmp_path):
+    import datasets
+
+    d = tmp_path / "bad"
+    datasets.Dataset.from_list([{"input_ids": [1, 2, 3], "prompt_len": 1, "token_loss": [0.0], "token_entropy": [0.0, 1, 2]}]).save_to_disk(str(d))
+    with pytest.raises(traces.TraceDataError, match="malformed"):
+        traces.load_traces(d)
+    with pytest.raises(traces.TraceDataError, match="not found"):
+        traces.load_traces(tmp_path / "missing")
+
+
+def test_math_prompts_from_local_dataset(tiny_model_dir, tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text("".join(json.dumps({"prompt": f"What is {i}+{i}?", "answer": str(2 * i)}) + "\n" for i in range(3)))
+    r = recipe_for(tiny_model_dir, **{"task.kind": "math", "traces.prompt_dataset": str(f), "traces.num_prompts": 3})
+    out = tmp_path / "m"
+    traces.make_traces(r, out, progress=False, log=lambda *_: None)
+    ds = traces.load_traces(out)
+    assert len(ds) == 3 and ds["correct"] == [False, False, False]  # a random model cannot box the sum
+
+
+def test_two_processes_split_prompts_and_merge(tiny_model_dir, tmp_path):
+    """torchrun with 2 CPU processes (gloo): disjoint part files, one merged dataset equal to one process's."""
+    import subprocess
+    import sys
+
+    sets = ["--set", f"model.path={tiny_model_dir}", "--set", "task.facts=4", "--set", "task.variables=2",
+            "--set", "task.filler=0", "--set", "task.scratch=0", "--set", "traces.num_prompts=6",
+            "--set", "traces.batch_size=2", "--set", "traces.require_correct=false",
+            "--set", "traces.min_new_tokens=5", "--set", "traces.max_new_tokens=12", "--set", "traces.loss_chunk=7"]
+    out2 = tmp_path / "two"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+           "-m", "foresight", "traces", "--recipe", "recipes/tiny-qwen3.yaml", "--out", str(out2), "--no-progress", *sets]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    two = traces.load_traces(out2)
+    one_dir = tmp_path / "one"
+    traces.make_traces(recipe_for(tiny_model_dir), one_dir, progress=False, log=lambda *_: None)
+    one = traces.load_traces(one_dir)
+    assert two["prompt_index"] == one["prompt_index"] == list(range(6))
+    assert two["input_ids"] == one["input_ids"]
+    assert torch.allclose(torch.tensor(sum(two["token_loss"], [])), torch.tensor(sum(one["token_loss"], [])), atol=1e-5)
