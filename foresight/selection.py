@@ -102,20 +102,32 @@ def set_logprob(scores, evictable, chosen, temperature: float = 1.0, grid: int =
     log_wr = torch.where(no_rest, torch.zeros_like(log_wr), log_wr)
     ws = zn.masked_fill(~in_set, float("-inf"))
     w_min = ws.masked_fill(~in_set, float("inf")).amin(-1)
-    # integrate over s = log t on a window covering where the integrand lives
-    lo = (torch.minimum(-log_wr, -w_min.clamp(max=30)) - 12.0).unsqueeze(-1)
-    hi = (-log_wr + 4.0).unsqueeze(-1)
+    # integrate over s = log t: a coarse pass locates the integrand's mass, a fine pass integrates it
+    lo = torch.minimum(-log_wr, -w_min.clamp(max=30)) - 12.0
+    hi = -log_wr + 4.0
+    wsd, lwr = ws.double().exp(), log_wr.double()
+
+    def log_f(s):  # [..., grid] -> log of the integrand in s = log t (including the dt = t ds factor)
+        t = s.exp()
+        wt = wsd.unsqueeze(-2) * t.unsqueeze(-1)  # [..., grid, m]
+        log1m = torch.log(-torch.expm1(-wt.clamp(min=1e-300)))
+        log1m = torch.where(in_set.unsqueeze(-2), log1m, torch.zeros_like(log1m))
+        return lwr.unsqueeze(-1) - lwr.exp().unsqueeze(-1) * t + log1m.sum(-1) + s
+
     frac = torch.linspace(0.0, 1.0, grid, device=z.device, dtype=torch.float64)
-    s = lo.double() + (hi - lo).double() * frac  # [..., grid]
-    t = s.exp()
-    wt = ws.double().exp().unsqueeze(-2) * t.unsqueeze(-1)  # [..., grid, m]
-    log1m = torch.log(-torch.expm1(-wt.clamp(min=1e-300)))
-    log1m = torch.where(in_set.unsqueeze(-2), log1m, torch.zeros_like(log1m))
-    log_f = log_wr.double().unsqueeze(-1) - log_wr.double().exp().unsqueeze(-1) * t + log1m.sum(-1) + s
-    h = (hi - lo).double() / (grid - 1)
+    s0 = lo.double().unsqueeze(-1) + (hi - lo).double().unsqueeze(-1) * frac
+    f0 = log_f(s0)
+    above = f0 > f0.amax(-1, keepdim=True) - 40.0
+    first = above.double().argmax(-1)
+    last = grid - 1 - above.flip(-1).double().argmax(-1)
+    step = (hi - lo).double() / (grid - 1)
+    lo2 = lo.double() + (first - 1).clamp(min=0) * step
+    hi2 = lo.double() + (last + 1).clamp(max=grid - 1) * step
+    s1 = lo2.unsqueeze(-1) + (hi2 - lo2).unsqueeze(-1) * frac
+    h = (hi2 - lo2) / (grid - 1)
     trap = torch.full((grid,), 1.0, dtype=torch.float64, device=z.device)
     trap[0] = trap[-1] = 0.5
-    lp = (torch.logsumexp(log_f + trap.log(), dim=-1) + h.squeeze(-1).log()).to(z.dtype)
+    lp = (torch.logsumexp(log_f(s1) + trap.log(), dim=-1) + h.log()).to(z.dtype)
     lp = torch.where(no_rest, torch.zeros_like(lp), lp)
     return torch.where(inside.all(-1), lp, torch.full_like(lp, NEG))
 

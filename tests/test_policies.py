@@ -1,0 +1,100 @@
+"""Each heuristic on a crafted case whose correct keep-set is known (one layer, one sequence, one KV head)."""
+
+import torch
+
+from foresight.cache import EvictionView
+from foresight.features import STAT_NAMES
+from foresight.policies import make_policy
+from foresight.selection import select_topk
+
+
+def view(n=10, g=2, keys=None, **stats):
+    st = {k: torch.zeros(1, 1, 1, g, n) for k in list(STAT_NAMES) + ["w1", "pivot32"]}
+    for k, v in stats.items():
+        st[k] = torch.as_tensor(v, dtype=torch.float32).expand(1, 1, 1, g, n).clone()
+    if keys is None:
+        keys = torch.randn(1, 1, 1, n, 4, generator=torch.Generator().manual_seed(0))
+    tok = torch.arange(n).view(1, 1, 1, n)
+    return EvictionView(keys, keys.clone(), tok, st, torch.ones(1, 1, 1, n, dtype=torch.bool), n_evict=3, step=0,
+                        seen=n, prompt_len=0, generator=torch.Generator().manual_seed(0))
+
+
+def evicted(policy, v, k=3):
+    return sorted(select_topk(make_policy(policy).score(v), v.evictable, k).flatten().tolist())
+
+
+def test_streamingllm_evicts_oldest():
+    assert evicted("streamingllm", view()) == [0, 1, 2]
+
+
+def test_h2o_evicts_lowest_cumulative_attention():
+    cum = [5, 0.1, 4, 0.2, 3, 3, 0.3, 9, 9, 9]
+    assert evicted("h2o", view(cum=cum)) == [1, 3, 6]
+
+
+def test_tova_uses_the_newest_query_only():
+    w1 = [0.3, 0.0, 0.2, 0.01, 0.1, 0.1, 0.02, 0.1, 0.1, 0.07]
+    cum = [0, 9, 0, 9, 0, 0, 9, 0, 0, 0]  # H2O's statistic would disagree
+    assert evicted("tova", view(w1=w1, cum=cum)) == [1, 3, 6]
+
+
+def test_snapkv_maxpool_keeps_neighbours_of_a_spike():
+    n = 20
+    w8 = torch.full((n,), 0.01)
+    w8[10] = 1.0
+    w8[0] = 0.5
+    w8[19] = 0.4
+    ev = evicted("snapkv", view(n=n, w8=w8), k=5)
+    assert ev == [4, 5, 6, 14, 15]
+    assert not set(ev) & set(range(7, 14))  # kernel 7 around slot 10
+    assert not set(ev) & {0, 1, 2, 3} and not set(ev) & {16, 17, 18, 19}
+
+
+def test_rkv_evicts_the_older_of_duplicate_keys():
+    n = 8
+    keys = torch.eye(8).view(1, 1, 1, n, 8).clone()
+    keys[0, 0, 0, 5] = keys[0, 0, 0, 1]  # slot 1 is an older copy of slot 5
+    keys[0, 0, 0, 6] = keys[0, 0, 0, 2]
+    w8 = torch.full((n,), 0.1)
+    v = view(n=n, keys=keys, w8=w8)
+    assert evicted("rkv", v, k=2) == [1, 2]
+
+
+def test_scissorhands_evicts_least_often_pivotal():
+    counts = [10, 0, 7, 1, 8, 9, 2, 5, 6, 7]
+    assert evicted("scissorhands", view(pivot32=counts)) == [1, 3, 6]
+
+
+def test_random_is_seeded_and_uniform():
+    v = view(n=50)
+    a = make_policy("random").score(view(n=50))
+    b = make_policy("random").score(view(n=50))
+    assert torch.equal(a, b)
+    counts = torch.zeros(50)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(2000):
+        v.generator = g
+        counts[select_topk(make_policy("random").score(v), v.evictable, 5).flatten()] += 1
+    assert counts.min() > 100 and counts.max() < 320  # expected 200 each
+
+
+def test_knorm_evicts_high_norm_keys():
+    keys = torch.ones(1, 1, 1, 10, 4)
+    keys[0, 0, 0, [2, 5, 7]] *= 10
+    assert evicted("knorm", view(keys=keys)) == [2, 5, 7]
+
+
+def test_keydiff_evicts_keys_most_like_the_mean():
+    keys = torch.zeros(1, 1, 1, 10, 4)
+    keys[..., 0] = 1.0  # typical direction
+    keys[0, 0, 0, [0, 4, 8, 9], :] = torch.tensor([0.0, 1.0, 0.0, 0.0])  # distinctive keys
+    keys[0, 0, 0, 9] = torch.tensor([0.0, 0.0, 1.0, 0.0])
+    ev = evicted("keydiff", view(keys=keys), k=6)
+    assert not set(ev) & {0, 4, 8, 9}
+
+
+def test_unknown_policy_error_lists_known():
+    import pytest
+
+    with pytest.raises(ValueError, match="unknown eviction policy 'h20'.*h2o"):
+        make_policy("h20")
