@@ -13,6 +13,9 @@ SDPA with transformers' mask, so the same model also runs with a normal ``Dynami
 
 from __future__ import annotations
 
+import contextlib
+
+import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -29,7 +32,37 @@ def foresight_attention(module, query, key, value, attention_mask, scaling=None,
         cache_mod._active.state = None
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         return cache.attend(layer_idx, query, scale), None
+    pooler = getattr(cache_mod._active, "pooler", None)
+    if pooler is not None:
+        return _dense_pooled_attention(module, query, key, value, scaling, pooler), None
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+
+
+def _dense_pooled_attention(module, query, key, value, scaling, pooler):
+    """Explicit causal attention of a chunk's queries against all keys so far ([heads, q, S] at a time), handing
+    the probabilities to a golden-label pooler (foresight.golden). Single sequence, no padding."""
+    b, hq, q, d = query.shape
+    h, k = key.shape[1], key.shape[2]
+    g = hq // h
+    scale = scaling if scaling is not None else d ** -0.5
+    qf = query.view(b, h, g, q, d)
+    scores = torch.matmul(qf, key.unsqueeze(2).transpose(-1, -2)).float() * scale  # [b,h,g,q,k]
+    qpos = torch.arange(k - q, k, device=query.device)
+    causal = torch.arange(k, device=query.device)[None, :] <= qpos[:, None]
+    probs = scores.masked_fill(~causal, float("-inf")).softmax(-1)
+    pooler.add(module.layer_idx, probs.view(b, hq, q, k))
+    out = torch.matmul(probs.to(value.dtype), value.unsqueeze(2))
+    return out.reshape(b, hq, q, d).transpose(1, 2)
+
+
+@contextlib.contextmanager
+def pooling(pooler):
+    """Within this block, attention calls without a BoundedCache feed their probabilities to ``pooler``."""
+    cache_mod._active.pooler = pooler
+    try:
+        yield pooler
+    finally:
+        cache_mod._active.pooler = None
 
 
 AttentionInterface.register(NAME, foresight_attention)

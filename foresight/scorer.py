@@ -1,0 +1,211 @@
+"""The scorer bank: one 2-layer MLP per (layer, KV head), all evaluated in one batched call; and its
+standalone checkpoint.
+
+Input per candidate (detached from the LLM): ``[key; value; attention statistics]`` — the key after the k-norm
+and RoPE, the value, and the 8 statistics of :mod:`foresight.features` for each query head of the group.
+Normalisation (the released code creates a LayerNorm and never uses it): statistics are compressed with
+``log(x + 1e-6)`` (they are probabilities spanning orders of magnitude), then the whole input vector goes
+through a LayerNorm with a learnable affine per (layer, KV head). Output: an eviction score per candidate
+(higher = evict first). Parameters stay fp32 whatever the LLM's dtype.
+
+Checkpoint folder: ``config.json`` (the LLM it belongs to, feature spec, B, L, sinks, stage, metrics) and
+``model.safetensors`` (scorer weights only, never the LLM), plus a model card ``README.md``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from foresight import features as F
+from foresight.policies.base import Policy
+
+FORMAT_VERSION = 1
+ACTIVATIONS = {"gelu": nn.functional.gelu, "relu": nn.functional.relu, "silu": nn.functional.silu,
+               "tanh": torch.tanh}
+
+
+class ScorerMismatchError(ValueError):
+    """A scorer checkpoint does not fit the model it is used with."""
+
+
+class ScorerBank(nn.Module):
+    """Per-(layer, KV head) MLPs ``D_in → hidden → 1``: ``forward(x [nl, b, h, n, D_in]) -> [nl, b, h, n]``."""
+
+    def __init__(self, num_layers: int, kv_heads: int, head_dim: int, group: int, hidden: int = 16,
+                 activation: str = "gelu", features=("key", "value", "attn"), seed: int = 0):
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {activation!r}; known: {', '.join(ACTIVATIONS)}")
+        bad = set(features) - {"key", "value", "attn"}
+        if bad:
+            raise ValueError(f"unknown scorer features {sorted(bad)}; known: key, value, attn")
+        self.num_layers, self.kv_heads, self.head_dim, self.group = num_layers, kv_heads, head_dim, group
+        self.hidden, self.activation, self.features = hidden, activation, tuple(features)
+        d_in = F.feature_dim(head_dim, group, self.features)
+        self.d_in = d_in
+        g = torch.Generator().manual_seed(seed)
+        self.ln_w = nn.Parameter(torch.ones(num_layers, kv_heads, d_in))
+        self.ln_b = nn.Parameter(torch.zeros(num_layers, kv_heads, d_in))
+        self.w1 = nn.Parameter(torch.randn(num_layers, kv_heads, d_in, hidden, generator=g) / math.sqrt(d_in))
+        self.b1 = nn.Parameter(torch.zeros(num_layers, kv_heads, hidden))
+        self.w2 = nn.Parameter(torch.randn(num_layers, kv_heads, hidden, generator=g) / math.sqrt(hidden))
+        self.b2 = nn.Parameter(torch.zeros(num_layers, kv_heads))
+
+    def inputs(self, view) -> torch.Tensor:
+        """Detached fp32 scorer inputs [nl, b, h, n, D_in] from an :class:`~foresight.cache.EvictionView`."""
+        parts = []
+        if "key" in self.features:
+            parts.append(view.keys.detach().float())
+        if "value" in self.features:
+            parts.append(view.values.detach().float())
+        if "attn" in self.features:
+            parts.append(torch.log(view.attn_features().detach().float() + 1e-6))
+        return torch.cat(parts, dim=-1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.float()
+        x = nn.functional.layer_norm(x, (self.d_in,))
+        x = x * self.ln_w[:, None, :, None, :] + self.ln_b[:, None, :, None, :]
+        hdn = torch.einsum("lbhnd,lhdk->lbhnk", x, self.w1) + self.b1[:, None, :, None, :]
+        hdn = ACTIVATIONS[self.activation](hdn)
+        return torch.einsum("lbhnk,lhk->lbhn", hdn, self.w2) + self.b2[:, None, :, None]
+
+    def spec(self) -> dict:
+        return {"num_layers": self.num_layers, "num_key_value_heads": self.kv_heads, "head_dim": self.head_dim,
+                "group": self.group, "hidden": self.hidden, "activation": self.activation,
+                "features": list(self.features), "stats": list(F.STAT_NAMES), "d_in": self.d_in,
+                "normalisation": "log(stats+1e-6), layernorm + affine per (layer, kv head)"}
+
+
+class LearnedPolicy(Policy):
+    """Eviction by a trained :class:`ScorerBank` (higher score = evict first)."""
+
+    name = "learned"
+
+    def __init__(self, bank: ScorerBank, label: str = "foresight"):
+        self.bank, self.name = bank, label
+
+    @torch.no_grad()
+    def score(self, view):
+        p = next(self.bank.parameters())
+        return self.bank(self.bank.inputs(view).to(p.device)).to(view.keys.device)
+
+
+def bank_for_model(model, hidden: int = 16, activation: str = "gelu", features=("key", "value", "attn"),
+                   seed: int = 0) -> ScorerBank:
+    from foresight.models import describe
+
+    d = describe(model)
+    return ScorerBank(d["num_layers"], d["num_key_value_heads"], d["head_dim"],
+                      d["num_attention_heads"] // d["num_key_value_heads"], hidden, activation, features, seed)
+
+
+# ------------------------------------------------------------------------------------------------ checkpoint
+def save_scorer(bank: ScorerBank, out: Path, model_info: dict, budget: int, interval: int, sinks: int, stage: str,
+                metrics: dict | None = None, extra: dict | None = None) -> Path:
+    """Write the standalone checkpoint folder atomically (written aside, then renamed into place)."""
+    out = Path(out)
+    tmp = out.with_name(out.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    cfg = {
+        "format": "foresight-scorer", "format_version": FORMAT_VERSION, "stage": stage,
+        "llm": model_info, "scorer": bank.spec(), "budget": budget, "interval": interval, "sinks": sinks,
+        "metrics": metrics or {}, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **(extra or {}),
+    }
+    (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
+    save_file({k: v.detach().float().contiguous().cpu() for k, v in bank.state_dict().items()},
+              str(tmp / "model.safetensors"))
+    (tmp / "README.md").write_text(model_card(cfg))
+    old = out.with_name(out.name + ".old")
+    if out.exists():
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old.exists():
+        shutil.rmtree(old)
+    return out
+
+
+def read_config(path: Path) -> dict:
+    path = Path(path)
+    f = path / "config.json"
+    if not f.exists():
+        raise FileNotFoundError(f"no scorer checkpoint at {path} (config.json missing)")
+    cfg = json.loads(f.read_text())
+    if cfg.get("format") != "foresight-scorer":
+        raise ScorerMismatchError(f"{f} is not a foresight scorer checkpoint")
+    return cfg
+
+
+def check_compatible(cfg: dict, model) -> None:
+    """Refuse a checkpoint whose LLM shape differs from ``model``'s, naming every mismatch."""
+    from foresight.models import describe
+
+    have = describe(model)
+    want = cfg["llm"]
+    diffs = [f"{k}: checkpoint {want.get(k)} vs model {have[k]}"
+             for k in ("num_layers", "num_attention_heads", "num_key_value_heads", "head_dim") if want.get(k) != have[k]]
+    if diffs:
+        raise ScorerMismatchError(f"scorer checkpoint was trained for another model ({want.get('name_or_path')}): "
+                                  + "; ".join(diffs))
+
+
+def load_scorer(path: Path, model=None, device="cpu") -> tuple[ScorerBank, dict]:
+    cfg = read_config(path)
+    if model is not None:
+        check_compatible(cfg, model)
+    s = cfg["scorer"]
+    bank = ScorerBank(s["num_layers"], s["num_key_value_heads"], s["head_dim"], s["group"], s["hidden"],
+                      s["activation"], tuple(s["features"]))
+    state = load_file(str(Path(path) / "model.safetensors"))
+    missing = set(bank.state_dict()) ^ set(state)
+    if missing:
+        raise ScorerMismatchError(f"scorer weights in {path} do not match its config (tensors {sorted(missing)})")
+    bank.load_state_dict(state)
+    return bank.to(device).eval(), cfg
+
+
+def model_card(cfg: dict) -> str:
+    m = cfg.get("metrics") or {}
+    rows = "\n".join(f"| {k} | {v} |" for k, v in m.items()) or "| (none recorded) | |"
+    llm = cfg["llm"]
+    return f"""# ForesightKV eviction scorers ({cfg['stage']})
+
+Learned KV-cache eviction scorers trained with [foresight](https://github.com/) for a frozen LLM.
+
+- **LLM:** `{llm.get('name_or_path')}` ({llm.get('model_type')}, {llm.get('num_layers')} layers,
+  {llm.get('num_attention_heads')} query / {llm.get('num_key_value_heads')} KV heads, head dim {llm.get('head_dim')})
+- **Budget:** B = {cfg['budget']} pairs per (sequence, layer, KV head), eviction every L = {cfg['interval']} tokens,
+  sinks = {cfg['sinks']}
+- **Stage:** {cfg['stage']}
+- **Training data:** {cfg.get('training_data', 'see config.json')}
+- **Scorer:** {cfg['scorer']['num_layers']}×{cfg['scorer']['num_key_value_heads']} MLPs, input {cfg['scorer']['d_in']}
+  ([key; value; attention statistics]), hidden {cfg['scorer']['hidden']}, {cfg['scorer']['activation']}
+
+## Metrics
+
+| metric | value |
+|---|---|
+{rows}
+
+## Use
+
+```python
+from foresight.integrations.hf import ForesightCache
+cache = ForesightCache.from_pretrained("<this folder>", model, budget={cfg['budget']}, interval={cfg['interval']})
+out = model.generate(input_ids, past_key_values=cache, max_new_tokens=...)
+```
+"""
