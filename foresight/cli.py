@@ -20,11 +20,11 @@ def _common(p: argparse.ArgumentParser, out_required: bool = True):
                    help="override a recipe field (repeatable)")
     p.add_argument("--out", type=Path, required=out_required, help="output folder")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # set by the deepspeed launcher
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="foresight", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # the deepspeed launcher's
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("traces", help="generate, filter and score reasoning traces")

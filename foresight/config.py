@@ -90,6 +90,7 @@ class SFTConfig:
     sampled_pairs: int = 4096
     pair_chunk: int = 65536
     golden_pool: str = "mean"  # mean | max (pooling over a block's queries and a GQA group's heads)
+    cache_golden: bool = True  # keep each trace's golden-trajectory features in memory (tiny models)
     grad_clip: float = 1.0
     ckpt_every: int = 50
     seed: int = 0

@@ -18,7 +18,6 @@ import datetime
 import json
 import math
 import os
-import shutil
 from pathlib import Path
 
 import torch
@@ -112,30 +111,25 @@ def bank_for_model(model, hidden: int = 16, activation: str = "gelu", features=(
 # ------------------------------------------------------------------------------------------------ checkpoint
 def save_scorer(bank: ScorerBank, out: Path, model_info: dict, budget: int, interval: int, sinks: int, stage: str,
                 metrics: dict | None = None, extra: dict | None = None) -> Path:
-    """Write the standalone checkpoint folder atomically (written aside, then renamed into place)."""
+    """Write the standalone checkpoint into ``out`` (other files there, e.g. a run's logs, are left alone).
+
+    Each file is written aside and renamed into place; the weights go first and ``config.json`` last, so a
+    folder with a config always has matching weights."""
     out = Path(out)
-    tmp = out.with_name(out.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
+    out.mkdir(parents=True, exist_ok=True)
     cfg = {
         "format": "foresight-scorer", "format_version": FORMAT_VERSION, "stage": stage,
         "llm": model_info, "scorer": bank.spec(), "budget": budget, "interval": interval, "sinks": sinks,
         "metrics": metrics or {}, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         **(extra or {}),
     }
-    (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
-    save_file({k: v.detach().float().contiguous().cpu() for k, v in bank.state_dict().items()},
-              str(tmp / "model.safetensors"))
-    (tmp / "README.md").write_text(model_card(cfg))
-    old = out.with_name(out.name + ".old")
-    if out.exists():
-        if old.exists():
-            shutil.rmtree(old)
-        os.replace(out, old)
-    os.replace(tmp, out)
-    if old.exists():
-        shutil.rmtree(old)
+    tmp = out / f"model.safetensors.tmp{os.getpid()}"
+    save_file({k: v.detach().float().contiguous().cpu() for k, v in bank.state_dict().items()}, str(tmp))
+    os.replace(tmp, out / "model.safetensors")
+    for name, text in (("README.md", model_card(cfg)), ("config.json", json.dumps(cfg, indent=1))):
+        tmp = out / f"{name}.tmp{os.getpid()}"
+        tmp.write_text(text)
+        os.replace(tmp, out / name)
     return out
 
 

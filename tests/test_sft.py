@@ -1,0 +1,117 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from foresight import traces
+from foresight.config import load_recipe
+from foresight.scorer import ScorerMismatchError, load_scorer
+from foresight.sft import pairwise_hinge, recall_at_l, train_sft
+
+SETS = ["task.facts=4", "task.variables=2", "task.filler=0", "task.scratch=0", "traces.num_prompts=6",
+        "traces.batch_size=3", "traces.require_correct=false", "traces.min_new_tokens=5", "traces.max_new_tokens=24",
+        "cache.budget=12", "cache.interval=4", "sft.steps=6", "sft.batch_traces=2", "sft.ckpt_every=3",
+        "sft.warmup=2"]
+
+
+@pytest.fixture
+def sft_setup(tiny_model_dir, tmp_path):
+    r = load_recipe("recipes/tiny-qwen3.yaml", [f"model.path={tiny_model_dir}", *SETS])
+    tdir = tmp_path / "traces"
+    traces.make_traces(r, tdir, progress=False, log=lambda *_: None)
+    return r, tdir
+
+
+def test_pairwise_hinge_all_and_sampled_agree_on_a_crafted_row():
+    phi = torch.tensor([[3.0, 2.0, 1.0, 0.0]])  # perfectly ordered: i evicted before j when fut_i < fut_j
+    fut = torch.tensor([[0.1, 0.2, 0.3, 0.4]])
+    cand = torch.ones(1, 4, dtype=torch.bool)
+    loss, rows = pairwise_hinge(phi, fut, cand, margin=0.01)
+    assert rows == 1 and loss.item() == 0.0
+    bad = phi.flip(-1)
+    loss, _ = pairwise_hinge(bad, fut, cand, margin=0.01)
+    # pairs (i<j): phi_i - phi_j = -(j-i); hinge = 0.01 + (j - i); mean over 6 pairs = 0.01 + 10/6
+    assert abs(loss.item() - (0.01 + 10 / 6)) < 1e-6
+    s, _ = pairwise_hinge(bad, fut, cand, margin=0.01, mode="sampled", sampled=20000,
+                          generator=torch.Generator().manual_seed(0))
+    assert abs(s.item() - loss.item()) < 0.05
+    assert recall_at_l(phi, fut, cand, 2).item() == 1.0 and recall_at_l(bad, fut, cand, 2).item() == 0.0
+
+
+def test_sft_trains_saves_and_resumes_exactly(sft_setup, tmp_path):
+    r, tdir = sft_setup
+    out = tmp_path / "sft"
+    bank, metrics = train_sft(r, tdir, out, progress=False, log=lambda *_: None)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["stage"] == "sft" and cfg["budget"] == 12 and cfg["llm"]["num_layers"] == 2
+    assert (out / "model.safetensors").exists() and (out / "README.md").exists()
+    assert any((out / "tb").iterdir())
+    loaded, _ = load_scorer(out)
+    for k, v in bank.state_dict().items():
+        assert torch.equal(v, loaded.state_dict()[k])
+    # kill after step 3 (the checkpoint at step 3 exists), resume: identical final weights
+    out2 = tmp_path / "sft2"
+    r3 = load_recipe("recipes/tiny-qwen3.yaml", [f"model.path={r.model.path}", *SETS, "sft.steps=6"])
+    import foresight.sft as sft_mod
+
+    class Kill(Exception):
+        pass
+
+    orig = sft_mod.atomic_save
+    calls = []
+
+    def save_then_kill(obj, path):
+        orig(obj, path)
+        calls.append(obj["step"])
+        raise Kill()
+
+    sft_mod.atomic_save = save_then_kill
+    try:
+        with pytest.raises(Kill):
+            train_sft(r3, tdir, out2, progress=False, log=lambda *_: None)
+    finally:
+        sft_mod.atomic_save = orig
+    assert calls == [3]
+    with pytest.raises(ValueError, match="--resume"):
+        train_sft(r3, tdir, out2, progress=False, log=lambda *_: None)
+    resumed, _ = train_sft(r3, tdir, out2, resume=True, progress=False, log=lambda *_: None)
+    for k, v in bank.state_dict().items():
+        assert torch.allclose(v, resumed.state_dict()[k], atol=1e-6), k
+
+
+def test_scorer_checkpoint_refuses_another_model(sft_setup, tmp_path):
+    from conftest import tiny_qwen3
+
+    r, tdir = sft_setup
+    out = tmp_path / "sft"
+    train_sft(load_recipe("recipes/tiny-qwen3.yaml", [f"model.path={r.model.path}", *SETS, "sft.steps=1"]), tdir, out,
+              progress=False, log=lambda *_: None)
+    other = tiny_qwen3(layers=3)
+    with pytest.raises(ScorerMismatchError, match="num_layers: checkpoint 2 vs model 3"):
+        load_scorer(out, other)
+    with pytest.raises(ScorerMismatchError, match="head_dim: checkpoint 16 vs model 8"):
+        load_scorer(out, tiny_qwen3(head_dim=8))
+
+
+@pytest.mark.parametrize("zero", ["zero2"])
+def test_deepspeed_two_processes_equal_one_process_on_the_combined_batch(sft_setup, tmp_path, zero):
+    from safetensors.torch import load_file
+
+    r, tdir = sft_setup
+    out = tmp_path / "ds"
+    sets = [x for s in [f"model.path={r.model.path}", *SETS, "sft.steps=4"] for x in ("--set", s)]
+    cmd = [os.path.join(os.path.dirname(sys.executable), "deepspeed"), "--num_gpus", "2", "--master_port", "29541",
+           "--module", "foresight", "sft", "--recipe", "recipes/tiny-qwen3.yaml", "--traces", str(tdir),
+           "--out", str(out), "--deepspeed", f"recipes/ds/{zero}.json", "--no-progress", *sets]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    w0 = load_file(str(out / "ckpt" / "final-rank0.safetensors"))
+    w1 = load_file(str(out / "ckpt" / "final-rank1.safetensors"))
+    r1 = load_recipe("recipes/tiny-qwen3.yaml", [f"model.path={r.model.path}", *SETS, "sft.steps=4"])
+    single, _ = train_sft(r1, tdir, tmp_path / "single", progress=False, log=lambda *_: None)
+    for k, v in single.state_dict().items():
+        assert torch.equal(w0[k], w1[k]), k
+        assert torch.allclose(w0[k], v, atol=1e-5), k
