@@ -1,0 +1,247 @@
+"""Stage two (``foresight grpo``): eviction as an MDP, refined with clipped GRPO and a KL to the SFT scorers.
+
+* **Rollouts.** For each trace, ``G`` trajectories (``grpo.group``; 8 in the GPU recipes, independent of the
+  number of processes) of eviction decisions drawn by the current scorers with the Top-2L sampler, during
+  *one* teacher-forced pass of the frozen LLM in which the G copies of the trace are one batch.
+  No gradient flows through the LLM (``torch.no_grad``; only the scorers have ``requires_grad``).
+* **Reward.** :mod:`foresight.reward` (the exact formula is in its docstring), from the full-cache loss and
+  entropy stored by the data stage.
+* **Advantage.** ``A_g = (r_g − mean(r)) / (std(r) + 1e-6)`` within the trace's group (TRL's ``nanstd``).
+* **Log-probabilities.** Each (step, layer, KV head) row's action is the drawn *set* of L evictions; its
+  log-probability is the exact Plackett–Luce set probability under the Top-2L sampler
+  (:func:`foresight.selection.set_logprob`; the released code uses an independent softmax over all
+  candidates, which is not the law it samples from). It is recomputed for the updated scorers from the stored
+  per-step scorer inputs, without re-running the LLM. Memory for that: steps × layers × G × kv_heads ×
+  (B+L) × D_in floats per trace — for Qwen3-4B at 32k (124 steps, 36 layers, G=8, 8 heads, 1,280 slots,
+  D_in=288, bf16) about 21 GB per trace, so the GPU recipes keep them in CPU memory and stream them per step.
+* **Objective** (minimised), per row with ratio ``ρ = exp(log π_θ − log π_old)``::
+
+      −min(ρ·A, clip(ρ, 1−ε, 1+ε)·A) + β·k3,    k3 = exp(log π_ref − log π_θ) − (log π_ref − log π_θ) − 1
+
+  averaged over rows, steps and traces, optimised for ``grpo.epochs`` (μ ≥ 1) passes over each batch so the
+  clip can act. ``π_ref`` is the frozen SFT scorer bank.
+
+TRL's ``GRPOTrainer`` expects a text-generating language model as the policy (it samples completions and
+scores tokens), so it does not fit scorers whose actions are eviction sets; we reuse TRL's utilities
+(``nanstd``) and its GRPO semantics (group-normalised advantages, clipped ratio, k3 KL) instead.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from foresight import distributed
+from foresight.models import describe, load_model
+from foresight.reward import reward as compute_reward
+from foresight.rollout import rollout
+from foresight.scorer import LearnedPolicy, load_scorer, save_scorer
+from foresight.selection import set_logprob
+from foresight.sft import atomic_save, lr_lambda, split_traces
+from foresight.traces import load_traces
+
+
+def group_advantage(r: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    from trl.trainer.utils import nanstd
+
+    return (r - r.mean()) / (nanstd(r) + eps)
+
+
+def clipped_objective(lp_new, lp_old, lp_ref, adv, clip_eps: float, beta: float):
+    """Per-row loss terms (to be averaged): lp_* [..., G, ...] broadcastable with adv. Returns (loss, stats)."""
+    ratio = torch.exp(lp_new - lp_old)
+    surr = torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)
+    d = lp_ref - lp_new
+    kl = torch.exp(d) - d - 1
+    loss = (-surr + beta * kl).mean()
+    clipped = ((ratio < 1 - clip_eps) | (ratio > 1 + clip_eps)).float().mean()
+    return loss, {"kl": kl.mean().item(), "clip_frac": clipped.item(), "ratio": ratio.mean().item()}
+
+
+@torch.no_grad()
+def group_rollout(model, bank, ids: torch.Tensor, G: int, cc, temperature: float, generator, prompt_len: int):
+    """One teacher-forced pass with G sampled trajectories; returns (per-token losses [G,S], steps)."""
+    steps = []
+
+    def rec(st):
+        x = bank.inputs(st["view"])
+        lp = set_logprob(st["scores"], st["evictable"], st["chosen"], temperature)
+        steps.append({"x": x, "evictable": st["evictable"], "chosen": st["chosen"], "lp_old": lp})
+
+    res = rollout(model, ids.expand(G, -1), LearnedPolicy(bank), cc.budget, cc.interval, sinks=cc.sinks,
+                  protect_prompt=cc.protect_prompt, prompt_len=prompt_len, selection="sample",
+                  temperature=temperature, generator=generator, recorder=rec)
+    return res, steps
+
+
+def first_scored_token(cc, prompt_len: int) -> int:
+    """Index of the first token predicted after the first eviction."""
+    prot = prompt_len if cc.protect_prompt else 0
+    return prot + cc.budget + cc.interval + 1
+
+
+@torch.no_grad()
+def validate(model, bank, ds, idx, cc, g):
+    """Deterministic (top-L) eviction on held-out traces: loss ratio and reward."""
+    tot_e = tot_f = 0.0
+    rewards = []
+    for i in idx:
+        row = ds[i]
+        ids = torch.tensor([row["input_ids"]])
+        full_loss = torch.tensor(row["token_loss"])
+        res = rollout(model, ids, LearnedPolicy(bank), cc.budget, cc.interval, sinks=cc.sinks,
+                      protect_prompt=cc.protect_prompt, prompt_len=row["prompt_len"])
+        p = row["prompt_len"]
+        tot_e += res.token_loss[0, p:].sum().item()
+        tot_f += full_loss[p:].sum().item()
+        rewards.append(compute_reward(res.token_loss, full_loss, torch.tensor(row["token_entropy"]),
+                                      first_scored_token(cc, p), g.eta, g.low_entropy_share, g.normalise).item())
+    return {"val_loss_ratio": tot_e / max(tot_f, 1e-9), "val_reward": sum(rewards) / max(len(rewards), 1)}
+
+
+def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_config=None, progress: bool = True,
+               log=print):
+    out = Path(out)
+    g, cc = recipe.grpo, recipe.cache
+    rank, world = distributed.rank_world()
+    if g.traces_per_step % world:
+        raise ValueError(f"grpo.traces_per_step={g.traces_per_step} must be divisible by the number of processes ({world})")
+    if g.group < 2:
+        raise ValueError(f"grpo.group must be >= 2 (advantages are relative to the group), got {g.group}")
+    if g.epochs < 1:
+        raise ValueError(f"grpo.epochs must be >= 1, got {g.epochs}")
+    device = distributed.local_device(recipe.model.device)
+    torch.manual_seed(g.seed)
+    model, _ = load_model(recipe.model, device=str(device))
+    bank, init_cfg = load_scorer(init, model)
+    if (init_cfg["budget"], init_cfg["interval"]) != (cc.budget, cc.interval):
+        log(f"[grpo] note: SFT scorers were trained at B={init_cfg['budget']}, L={init_cfg['interval']}; "
+            f"GRPO runs at B={cc.budget}, L={cc.interval}")
+    bank.train().requires_grad_(True)
+    ref = copy.deepcopy(bank).eval().requires_grad_(False)
+    ds = load_traces(traces_dir)
+    train_idx, val_idx = split_traces(len(ds), 2)
+    opt = torch.optim.Adam(bank.parameters(), lr=g.lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, g.warmup, g.steps, "constant"))
+    engine = None
+    if deepspeed_config or g.deepspeed:
+        from foresight.sft import _deepspeed_engine
+
+        class _C:  # the fields _deepspeed_engine reads
+            batch_traces, grad_clip = g.traces_per_step, 1.0
+
+        engine = _deepspeed_engine(bank, opt, sched, deepspeed_config or g.deepspeed, _C)
+    start = 0
+    ckpt = out / "ckpt" / "state.pt"
+    if resume:
+        if not ckpt.exists():
+            raise FileNotFoundError(f"--resume: no checkpoint at {ckpt}")
+        st = torch.load(ckpt, weights_only=False, map_location="cpu")
+        bank.load_state_dict(st["bank"])
+        opt.load_state_dict(st["opt"])
+        sched.load_state_dict(st["sched"])
+        start = st["step"]
+        log(f"[grpo] resumed at step {start}")
+    elif rank == 0 and ckpt.exists():
+        raise ValueError(f"{out} already holds a GRPO run; pass --resume to continue it or choose a new --out")
+    writer = None
+    if rank == 0:
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(str(out / "tb"))
+    first_val = validate(model, bank, ds, val_idx, cc, g) if (val_idx and start == 0) else None
+    from tqdm import tqdm
+
+    bar = tqdm(range(start, g.steps), desc="grpo", disable=not progress or rank != 0, initial=start, total=g.steps)
+    t0 = time.time()
+    hist = []
+    for step in bar:
+        rng = random.Random(g.seed * 1_000_003 + step)
+        batch = [rng.choice(train_idx) for _ in range(g.traces_per_step)][rank::world]
+        groups = []
+        for j, i in enumerate(batch):
+            row = ds[i]
+            ids = torch.tensor([row["input_ids"]], device=device)
+            gen = torch.Generator(device=device).manual_seed(g.seed * 7919 + step * 131 + j + rank * 17)
+            bank.eval()
+            res, steps = group_rollout(model, bank, ids, g.group, cc, g.temperature, gen, row["prompt_len"])
+            r = compute_reward(res.token_loss, torch.tensor(row["token_loss"], device=device),
+                               torch.tensor(row["token_entropy"], device=device),
+                               first_scored_token(cc, row["prompt_len"]), g.eta, g.low_entropy_share, g.normalise)
+            groups.append((steps, r, group_advantage(r)))
+        bank.train()
+        stats = {}
+        for _ in range(g.epochs):
+            losses, kls, clips = [], [], []
+            for steps, r, adv in groups:
+                if not steps:
+                    continue
+                for s in steps:
+                    phi = bank(s["x"])
+                    with torch.no_grad():
+                        phi_ref = ref(s["x"])
+                    lp_new = set_logprob(phi, s["evictable"], s["chosen"], g.temperature)
+                    lp_ref = set_logprob(phi_ref, s["evictable"], s["chosen"], g.temperature)
+                    loss, st = clipped_objective(lp_new, s["lp_old"], lp_ref, adv.view(1, -1, 1), g.clip_eps, g.beta)
+                    losses.append(loss)
+                    kls.append(st["kl"])
+                    clips.append(st["clip_frac"])
+            if not losses:
+                raise ValueError("no eviction happened in this batch: traces are shorter than B + L")
+            loss = torch.stack(losses).mean()
+            if engine is not None:
+                engine.backward(loss)
+                engine.step()
+            else:
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(bank.parameters(), 1.0)
+                opt.step()
+            stats = {"loss": loss.item(), "kl": sum(kls) / len(kls), "clip_frac": sum(clips) / len(clips)}
+        if engine is None:
+            sched.step()
+        rewards = torch.cat([x[1] for x in groups])
+        stats.update({"reward_mean": rewards.mean().item(), "reward_std": rewards.std().item() if len(rewards) > 1 else 0.0,
+                      "adv_abs": torch.cat([x[2] for x in groups]).abs().mean().item(), "lr": opt.param_groups[0]["lr"]})
+        hist.append(stats)
+        if writer is not None:
+            for k, v in stats.items():
+                writer.add_scalar(f"grpo/{k}", v, step)
+        bar.set_postfix(reward=f"{stats['reward_mean']:.3f}", kl=f"{stats['kl']:.4f}", clip=f"{stats['clip_frac']:.2f}")
+        if rank == 0 and ((step + 1) % g.ckpt_every == 0 or step + 1 == g.steps):
+            if val_idx and writer is not None:
+                v = validate(model, bank, ds, val_idx, cc, g)
+                for k, val in v.items():
+                    writer.add_scalar(f"grpo/{k}", val, step)
+            atomic_save({"bank": bank.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+                         "step": step + 1}, ckpt)
+    metrics = {"steps": g.steps, "group": g.group, "train_seconds_this_run": round(time.time() - t0, 1)}
+    if hist:
+        metrics["last_reward_mean"] = round(hist[-1]["reward_mean"], 5)
+    if val_idx:
+        final = validate(model, bank, ds, val_idx, cc, g)
+        metrics.update({k: round(v, 5) for k, v in final.items()})
+        if first_val:
+            metrics.update({f"sft_{k}": round(v, 5) for k, v in first_val.items()})
+    if world > 1:
+        from safetensors.torch import save_file
+
+        (out / "ckpt").mkdir(parents=True, exist_ok=True)
+        save_file({k: v.detach().float().contiguous().cpu() for k, v in bank.state_dict().items()},
+                  str(out / "ckpt" / f"final-rank{rank}.safetensors"))
+    if rank == 0:
+        save_scorer(bank, out, describe(model) | {"revision": recipe.model.revision, "path": recipe.model.path,
+                                                  "gguf_file": recipe.model.gguf_file},
+                    cc.budget, cc.interval, cc.sinks, "grpo", metrics,
+                    extra={"training_data": str(traces_dir), "init": str(init), "recipe": recipe.to_dict()})
+        (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
+        if writer is not None:
+            writer.close()
+        log(f"[grpo] done: {json.dumps(metrics)}")
+    distributed.barrier()
+    return bank, metrics
