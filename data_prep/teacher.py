@@ -68,16 +68,22 @@ def task_batch(spec: ledger.LedgerSpec, n: int, rng: random.Random):
 
 
 def copy_batch(length: int, n: int, rng: random.Random):
-    """Random name/value tokens, a separator, the same tokens again (loss on the repeat)."""
-    half = max(1, (length - 2) // 2)
-    rows = []
+    """Rows of random name/value segments, each followed by a separator and repeated (loss on the repeats).
+
+    Segment lengths vary (4 .. length/2), so the repeat is never at a constant offset: a positional head cannot
+    solve it and an induction circuit (match the previous token, copy the next) has to form, which is the circuit
+    the ledger's content-addressed look-ups use."""
+    rows, masks = [], []
     for _ in range(n):
-        seq = [ledger.NAME0 + rng.randrange(ledger.NUM_NAMES + ledger.NUM_VALUES) for _ in range(half)]
-        rows.append([ledger.BOS] + seq + [ledger.SEP] + seq)
-    ids = torch.tensor(rows)
-    mask = torch.zeros_like(ids, dtype=torch.bool)
-    mask[:, half + 2 :] = True
-    return ids, mask
+        row, m = [ledger.BOS], [False]
+        while len(row) < length:
+            k = rng.randint(4, max(4, length // 2))
+            seg = [ledger.NAME0 + rng.randrange(ledger.NUM_NAMES + ledger.NUM_VALUES) for _ in range(k)]
+            row += seg + [ledger.SEP] + seg
+            m += [False] * (k + 1) + [True] * k
+        rows.append(row[:length])
+        masks.append(m[:length])
+    return torch.tensor(rows), torch.tensor(masks)
 
 
 def lm_loss(model, ids, mask):

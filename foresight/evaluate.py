@@ -1,0 +1,257 @@
+"""``foresight eval``: every method on the same held-out problems, the same traces and the same engine.
+
+For each (method, budget B:L) it reports, on ``eval.num_problems`` held-out problems:
+
+* ``loss_ratio`` — Σ NLL of the solution tokens under eviction / Σ NLL with the full cache, teacher-forced on
+  the model's own full-cache traces of those problems (paper Table 2);
+* ``low_entropy_loss_increase`` / ``high_entropy_loss_increase`` — mean per-token loss increase after the first
+  eviction on the lowest-80%-entropy tokens and on the rest (paper Table 1);
+* ``accuracy`` — task accuracy of generation under eviction, pass@1 averaged over ``eval.n_samples`` seeded
+  samples (avg@n; one greedy sample when ``eval.do_sample`` is false), by the task's checker;
+* ``recall_at_L`` — overlap of the method's L evictions with Golden Eviction's along the golden trajectory;
+* ``mean_cache`` — mean pairs held per (sequence, layer, KV head) over the teacher-forced traces.
+
+Methods: ``full``, ``golden`` (teacher-forced only: it needs the future), the heuristics of
+:mod:`foresight.policies`, ``random-keep-prompt`` (random eviction with the prompt protected), and each
+``--scorers DIR`` (named ``foresight-<stage>``). ``eval.protect_prompt=true`` protects the prompt for every
+method; the tables say which rows did. Outputs in OUT: ``results.json``, ``results.md``, ``accuracy.png``,
+``loss_ratio.png`` and ``eviction_map.png``. Everything is seeded: the same command gives the same numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from foresight import prompts
+from foresight.config import parse_budgets
+from foresight.generate import generate
+from foresight.golden import GoldenPolicy, block_pooled_attention
+from foresight.models import load_model
+from foresight.policies import make_policy
+from foresight.reward import low_entropy_mask
+from foresight.rollout import rollout
+from foresight.scorer import LearnedPolicy, load_scorer
+
+STREAMING_SINKS = 4
+
+
+class Method:
+    def __init__(self, name: str, policy_factory, protect_prompt: bool = False, sinks: int = 0,
+                 teacher_forced_only: bool = False, is_full: bool = False):
+        self.name, self.factory, self.protect_prompt, self.sinks = name, policy_factory, protect_prompt, sinks
+        self.teacher_forced_only, self.is_full = teacher_forced_only, is_full
+
+
+def build_methods(names: list[str], scorer_dirs: list, model, protect_all: bool) -> list[Method]:
+    out = []
+    for n in names:
+        n = n.strip()
+        if not n:
+            continue
+        if n == "full":
+            out.append(Method("full", lambda: None, is_full=True))
+        elif n == "golden":
+            out.append(Method("golden", None, protect_all, teacher_forced_only=True))
+        elif n == "random-keep-prompt":
+            out.append(Method(n, lambda: make_policy("random"), protect_prompt=True))
+        else:
+            make_policy(n)  # validates the name
+            out.append(Method(n, (lambda name=n: make_policy(name)), protect_all,
+                              sinks=STREAMING_SINKS if n == "streamingllm" else 0))
+    seen = {m.name for m in out}
+    for d in scorer_dirs:
+        bank, cfg = load_scorer(d, model)
+        name = f"foresight-{cfg['stage']}"
+        if name in seen:
+            name = f"{name}({Path(d).name})"
+        seen.add(name)
+        out.append(Method(name, (lambda b=bank, nm=name: LearnedPolicy(b, nm)), protect_all))
+    return out
+
+
+def reference_traces(recipe, model, tok, problems, device):
+    """Full-cache greedy traces of the held-out problems, with their per-token loss and entropy."""
+    refs = []
+    spec_max = recipe.traces.max_new_tokens
+    for p in problems:
+        ids = prompt_ids(tok, p)
+        g = generate(model, torch.tensor([ids], device=device), max_new_tokens=spec_max,
+                     eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        new = g.new_tokens[0].tolist()
+        if tok.eos_token_id in new:
+            new = new[: new.index(tok.eos_token_id) + 1]
+        seq = torch.tensor([ids + new], device=device)
+        full = rollout(model, seq)
+        refs.append({"ids": seq, "prompt_len": len(ids), "loss": full.token_loss[0], "entropy": full.token_entropy[0],
+                     "correct": prompts.check(recipe, new, tok.decode(new, skip_special_tokens=True), p.answer)})
+    return refs
+
+
+def prompt_ids(tok, p) -> list[int]:
+    if p.input_ids is not None:
+        return list(p.input_ids)
+    enc = tok.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=True)
+    return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+
+
+def teacher_forced(method: Method, model, ref, B, L, seed, golden_F=None, record=None):
+    if method.is_full:
+        return ref["loss"].unsqueeze(0), float(ref["ids"].shape[1]), None
+    pol = GoldenPolicy(golden_F) if method.teacher_forced_only else method.factory()
+    gen = torch.Generator(device=ref["ids"].device).manual_seed(seed)
+    res = rollout(model, ref["ids"], pol, B, L, sinks=method.sinks, protect_prompt=method.protect_prompt,
+                  prompt_len=ref["prompt_len"], generator=gen, recorder=record, prompt_overflow="evict")
+    return res.token_loss, res.mean_held, res
+
+
+def recall_vs_golden(method: Method, model, ref, B, L, golden_F, seed) -> float | None:
+    """Mean |method's top-L ∩ golden's L| / L over the golden trajectory's steps."""
+    if method.is_full or method.teacher_forced_only:
+        return None
+    pol = method.factory()
+    gen = torch.Generator(device=ref["ids"].device).manual_seed(seed)
+    hits = []
+
+    def rec(st):
+        v = st["view"]
+        v.generator = gen
+        s = pol.score(v).float().masked_fill(~st["evictable"], float("-inf"))
+        mine = s.topk(st["chosen"].shape[-1], -1).indices
+        hit = (mine.unsqueeze(-1) == st["chosen"].unsqueeze(-2)).any(-1).float().mean()
+        hits.append(hit.item())
+
+    rollout(model, ref["ids"], GoldenPolicy(golden_F), B, L, sinks=method.sinks, protect_prompt=method.protect_prompt,
+            prompt_len=ref["prompt_len"], recorder=rec, prompt_overflow="evict")
+    return sum(hits) / len(hits) if hits else None
+
+
+def accuracy(method: Method, recipe, model, tok, problems, B, L, device) -> tuple[float | None, int]:
+    if method.teacher_forced_only:
+        return None, 0
+    ev = recipe.eval
+    n = ev.n_samples if ev.do_sample else 1
+    rows = [prompt_ids(tok, p) for p in problems]
+    P = max(map(len, rows))
+    ids = torch.tensor([[tok.pad_token_id] * (P - len(r)) + r for r in rows], device=device)
+    mask = torch.tensor([[0] * (P - len(r)) + [1] * len(r) for r in rows], device=device)
+    correct = 0
+    tr = recipe.traces
+    for k in range(n):
+        gen = torch.Generator(device=device).manual_seed(ev.seed * 1009 + k)
+        out = generate(model, ids, mask, max_new_tokens=tr.max_new_tokens, policy=method.factory(), budget=B,
+                       interval=L, sinks=method.sinks, protect_prompt=method.protect_prompt, do_sample=ev.do_sample,
+                       temperature=tr.temperature, top_k=tr.top_k, top_p=tr.top_p, eos_token_id=tok.eos_token_id,
+                       pad_token_id=tok.pad_token_id, generator=gen, prompt_overflow="evict")
+        for p, new in zip(problems, out.new_tokens.tolist()):
+            if tok.eos_token_id in new:
+                new = new[: new.index(tok.eos_token_id) + 1]
+            ok = prompts.check(recipe, new, tok.decode(new, skip_special_tokens=True), p.answer)
+            correct += bool(ok)
+    return correct / (n * len(problems)), n
+
+
+def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True, log=print) -> list[dict]:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    ev = recipe.eval
+    if ev.num_problems <= 0:
+        raise ValueError(f"eval.num_problems must be > 0, got {ev.num_problems}")
+    budget_list = parse_budgets(budgets or ev.budgets)
+    model, tok = load_model(recipe.model)
+    device = next(model.parameters()).device
+    meths = build_methods((methods or ev.methods).split(","), list(scorers), model, ev.protect_prompt)
+    problems = prompts.load_prompts(recipe, recipe.traces.heldout_offset, ev.num_problems, tok)
+    t0 = time.time()
+    log(f"[eval] {len(problems)} held-out problems; reference full-cache traces ...")
+    refs = reference_traces(recipe, model, tok, problems, device)
+    rows = []
+    from tqdm import tqdm
+
+    jobs = [(m, B, L) for (B, L) in budget_list for m in meths]
+    bar = tqdm(jobs, desc="eval", disable=not progress)
+    goldens = {}
+    for m, B, L in bar:
+        bar.set_postfix(method=m.name, budget=f"{B}:{L}")
+        tot_e = tot_f = 0.0
+        low_d, high_d, held = [], [], []
+        recalls = []
+        for j, ref in enumerate(refs):
+            key = (j, B, L)
+            if key not in goldens and ("golden" in [x.name for x in meths] or any(not x.is_full for x in meths)):
+                goldens[key] = block_pooled_attention(model, ref["ids"], B, L, recipe.sft.golden_pool).future()
+            F = goldens.get(key)
+            seed = ev.seed * 7919 + j
+            loss, mean_held, _ = teacher_forced(m, model, ref, B, L, seed, F)
+            p = ref["prompt_len"]
+            tot_e += loss[0, p:].sum().item()
+            tot_f += ref["loss"][p:].sum().item()
+            prot = p if m.protect_prompt else 0
+            start = min(prot + B + L + 1, ref["ids"].shape[1])
+            low = low_entropy_mask(ref["entropy"], start, 0.8)
+            after = torch.zeros_like(low)
+            after[start:] = True
+            delta = loss[0] - ref["loss"]
+            if low.any():
+                low_d.append(delta[low])
+            if (after & ~low).any():
+                high_d.append(delta[after & ~low])
+            held.append(mean_held)
+            if F is not None:
+                r = recall_vs_golden(m, model, ref, B, L, F, seed)
+                if r is not None:
+                    recalls.append(r)
+        acc, n = accuracy(m, recipe, model, tok, problems, B, L, device)
+        row = {
+            "method": m.name, "budget": B, "interval": L, "protect_prompt": m.protect_prompt,
+            "loss_ratio": round(tot_e / max(tot_f, 1e-12), 5),
+            "low_entropy_loss_increase": round(torch.cat(low_d).mean().item(), 5) if low_d else 0.0,
+            "high_entropy_loss_increase": round(torch.cat(high_d).mean().item(), 5) if high_d else 0.0,
+            "accuracy": None if acc is None else round(acc, 4), "n_samples": n,
+            "recall_at_L": None if not recalls else round(sum(recalls) / len(recalls), 4),
+            "mean_cache": round(sum(held) / len(held), 1), "num_problems": len(problems),
+        }
+        rows.append(row)
+    full_acc = sum(bool(r["correct"]) for r in refs) / len(refs)
+    meta = {"recipe": recipe.name, "model": recipe.model.path, "num_problems": len(problems),
+            "full_cache_trace_accuracy": full_acc, "mean_trace_length": sum(r["ids"].shape[1] for r in refs) / len(refs),
+            "mean_prompt_length": sum(r["prompt_len"] for r in refs) / len(refs), "seconds": round(time.time() - t0, 1)}
+    (out / "results.json").write_text(json.dumps(rows, indent=1))
+    (out / "meta.json").write_text(json.dumps(meta, indent=1))
+    (out / "results.md").write_text(results_table(rows, meta))
+    from foresight import plots
+
+    plots.budget_curves(rows, out)
+    best = next((m for m in reversed(meths) if m.name.startswith("foresight")), None) or \
+        next((m for m in meths if m.name == "golden"), None) or next((m for m in meths if not m.is_full), None)
+    if best is not None and refs:
+        B, L = budget_list[0]
+        F = goldens.get((0, B, L))
+        plots.eviction_map(model, refs[0], best, B, L, F, out / "eviction_map.png")
+    log(results_table(rows, meta))
+    return rows
+
+
+def _fmt(v, nd=3):
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        return f"{v:.{nd}f}"
+    return str(v)
+
+
+def results_table(rows, meta) -> str:
+    head = ("| method | prompt kept | B:L | loss ratio | Δloss low-H | Δloss high-H | accuracy | n | recall@L | "
+            "mean cache |\n|---|---|---|---|---|---|---|---|---|---|\n")
+    body = "".join(
+        f"| {r['method']} | {'yes' if r['protect_prompt'] else 'no'} | {r['budget']}:{r['interval']} | "
+        f"{_fmt(r['loss_ratio'], 4)} | {_fmt(r['low_entropy_loss_increase'])} | {_fmt(r['high_entropy_loss_increase'])} | "
+        f"{_fmt(r['accuracy'])} | {r['n_samples']} | {_fmt(r['recall_at_L'])} | {_fmt(r['mean_cache'], 1)} |\n"
+        for r in rows)
+    info = (f"\n{meta['num_problems']} held-out problems, mean trace {meta['mean_trace_length']:.0f} tokens "
+            f"(prompt {meta['mean_prompt_length']:.0f}); full-cache accuracy of the reference traces "
+            f"{meta['full_cache_trace_accuracy']:.3f}.\n")
+    return head + body + info
