@@ -1,0 +1,168 @@
+"""``make bench``: speed and memory of the eviction engine on the embedded teacher (not part of the tests).
+
+* rollout (teacher-forced, H2O, B=512, L=128) versus one dense SDPA forward pass at S = 4k, 8k, 16k;
+* golden labels (blockwise future attention) versus one dense forward pass;
+* generation tokens/s, cache bytes and peak RSS at 1k, 4k, 8k new tokens: full cache versus B=512, L=128
+  (each configuration in its own process, so peak RSS is its own);
+* scorer overhead: the share of decode time spent scoring with learned scorers (paper: 2.7%).
+
+Writes ``bench.json`` and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from foresight.config import ModelConfig
+
+
+def _model():
+    from foresight.models import load_model
+
+    model, tok = load_model(ModelConfig(), device="cpu")
+    return model, tok
+
+
+def _time(fn, repeat=1):
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def bench_rollout(sizes=(4096, 8192, 16384), B=512, L=128):
+    from foresight.golden import block_pooled_attention
+    from foresight.policies import make_policy
+    from foresight.rollout import rollout
+
+    model, _ = _model()
+    out = []
+    for S in sizes:
+        ids = torch.randint(8, 170, (1, S), generator=torch.Generator().manual_seed(S))
+        with torch.no_grad():
+            dense = _time(lambda: model(input_ids=ids, use_cache=False), repeat=2)
+        roll = _time(lambda: rollout(model, ids, make_policy("h2o"), B, L), repeat=1)
+        row = {"S": S, "dense_forward_s": round(dense, 3), "rollout_s": round(roll, 3),
+               "rollout_over_dense": round(roll / dense, 3)}
+        if S <= 8192:
+            gold = _time(lambda: block_pooled_attention(model, ids, B, L), repeat=1)
+            row["golden_s"] = round(gold, 3)
+            row["golden_over_dense"] = round(gold / dense, 3)
+        out.append(row)
+        print(json.dumps(row), flush=True)
+    return out
+
+
+def _generation_child(new_tokens: int, budget: int | None, interval: int | None, policy: str):
+    """Runs in a subprocess: generate `new_tokens` tokens, report time, cache bytes and peak RSS."""
+    from foresight.generate import generate
+    from foresight.policies import make_policy
+
+    model, tok = _model()
+    ids = torch.randint(8, 170, (1, 64), generator=torch.Generator().manual_seed(0))
+    pol = None if policy == "full" else make_policy(policy)
+    scorer_time = [0.0]
+    if pol is not None and policy == "learned":
+        pass
+    t = time.perf_counter()
+    g = generate(model, ids, max_new_tokens=new_tokens, policy=pol, budget=budget, interval=interval)
+    dt = time.perf_counter() - t
+    c = g.cache
+    if pol is None:
+        cache_bytes = sum(layer.keys.numel() * layer.keys.element_size() * 2 for layer in c.layers)
+    else:
+        cache_bytes = c.cache_bytes()
+    print(json.dumps({"new_tokens": new_tokens, "policy": policy, "budget": budget, "seconds": round(dt, 3),
+                      "tokens_per_s": round(new_tokens / dt, 1), "cache_bytes": cache_bytes,
+                      "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+                      "scorer_s": scorer_time[0]}))
+
+
+def bench_generation(lengths=(1024, 4096, 8192), B=512, L=128):
+    out = []
+    for n in lengths:
+        for policy, b, l in (("full", None, None), ("h2o", B, L), ("streamingllm", B, L)):
+            code = ("import sys; sys.argv=['x']; from foresight.bench import _generation_child as g; "
+                    f"g({n}, {b}, {l}, {policy!r})")
+            res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+            if res.returncode != 0:
+                raise RuntimeError(res.stderr[-2000:])
+            row = json.loads(res.stdout.strip().splitlines()[-1])
+            out.append(row)
+            print(json.dumps(row), flush=True)
+    return out
+
+
+def bench_scorer_overhead(new_tokens=2048, B=512, L=128):
+    """Share of decode time spent in the learned scorers (a randomly initialised bank: same cost)."""
+    from foresight.generate import generate
+    from foresight.scorer import LearnedPolicy, bank_for_model
+
+    model, _ = _model()
+    bank = bank_for_model(model)
+    pol = LearnedPolicy(bank)
+    spent = [0.0]
+    orig = pol.score
+
+    def timed(view):
+        t = time.perf_counter()
+        r = orig(view)
+        spent[0] += time.perf_counter() - t
+        return r
+
+    pol.score = timed
+    ids = torch.randint(8, 170, (1, 64), generator=torch.Generator().manual_seed(0))
+    t = time.perf_counter()
+    generate(model, ids, max_new_tokens=new_tokens, policy=pol, budget=B, interval=L)
+    total = time.perf_counter() - t
+    row = {"new_tokens": new_tokens, "decode_s": round(total, 3), "scorer_s": round(spent[0], 4),
+           "scorer_share": round(spent[0] / total, 4)}
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def table(res: dict) -> str:
+    lines = ["| S | dense forward (s) | rollout (s) | rollout/dense | golden (s) | golden/dense |", "|---|---|---|---|---|---|"]
+    for r in res["rollout"]:
+        lines.append(f"| {r['S']} | {r['dense_forward_s']} | {r['rollout_s']} | {r['rollout_over_dense']} | "
+                     f"{r.get('golden_s', '—')} | {r.get('golden_over_dense', '—')} |")
+    lines += ["", "| new tokens | cache | tokens/s | cache bytes | peak RSS (MB) |", "|---|---|---|---|---|"]
+    for r in res["generation"]:
+        name = "full" if r["policy"] == "full" else f"{r['policy']} B={r['budget']}"
+        lines.append(f"| {r['new_tokens']} | {name} | {r['tokens_per_s']} | {r['cache_bytes']} | {r['peak_rss_mb']} |")
+    s = res["scorer_overhead"]
+    lines += ["", f"scorer overhead: {s['scorer_s']} s of {s['decode_s']} s decode = {100 * s['scorer_share']:.2f}%"]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("bench.json"))
+    ap.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
+    a = ap.parse_args(argv)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() or 1)))
+    if a.quick:
+        res = {"rollout": bench_rollout((1024, 2048)), "generation": bench_generation((256,)),
+               "scorer_overhead": bench_scorer_overhead(512)}
+    else:
+        res = {"rollout": bench_rollout(), "generation": bench_generation(), "scorer_overhead": bench_scorer_overhead()}
+    res["threads"] = torch.get_num_threads()
+    a.out.write_text(json.dumps(res, indent=1))
+    t = table(res)
+    a.out.with_suffix(".md").write_text(t + "\n")
+    print(t)
+
+
+if __name__ == "__main__":
+    main()

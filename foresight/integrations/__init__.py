@@ -1,0 +1,1 @@
+"""Use trained scorers in other tools: transformers' ``generate`` (:mod:`.hf`)."""

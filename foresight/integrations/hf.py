@@ -1,0 +1,41 @@
+"""A bounded cache built from a scorer checkpoint that plain ``model.generate(...)`` accepts.
+
+    from foresight.integrations.hf import ForesightCache
+    cache = ForesightCache.from_pretrained("runs/tiny-qwen3/grpo", model, budget=320, interval=64)
+    out = model.generate(input_ids, past_key_values=cache, max_new_tokens=1100)
+
+``from_pretrained`` checks the checkpoint against the model (layers, heads, head dim; a mismatch is a clear
+error), switches the model to the ``"foresight"`` attention (plain SDPA whenever this cache is not in use), and
+evicts deterministically (top-L) unless ``selection="sample"`` asks for the paper's Top-2L sampler.
+Works for any model whose attention goes through transformers' cache and attention registries (Qwen3,
+Qwen2, Llama, ...). Note: transformers' ``generate`` prefills the whole prompt in one forward pass, so a
+prompt longer than the budget is held in full until the first decoding step evicts it down to B; use
+:func:`foresight.generate.generate` for chunked prefill with bounded peak memory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from foresight.attention import use_foresight_attention
+from foresight.cache import BoundedCache
+from foresight.scorer import LearnedPolicy, load_scorer
+
+
+class ForesightCache(BoundedCache):
+    """A :class:`~foresight.cache.BoundedCache` driven by trained ForesightKV scorers."""
+
+    @classmethod
+    def from_pretrained(cls, scorer_dir: str | Path, model, budget: int | None = None, interval: int | None = None,
+                        sinks: int | None = None, selection: str = "topk", temperature: float = 1.0,
+                        protect_prompt: bool = False, seed: int | None = None) -> "ForesightCache":
+        bank, cfg = load_scorer(scorer_dir, model, device=next(model.parameters()).device)
+        use_foresight_attention(model)
+        gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed) if seed is not None else None
+        return cls(model.config, LearnedPolicy(bank, f"foresight-{cfg['stage']}"),
+                   budget if budget is not None else cfg["budget"],
+                   interval if interval is not None else cfg["interval"],
+                   sinks=cfg.get("sinks", 0) if sinks is None else sinks, protect_prompt=protect_prompt,
+                   selection=selection, temperature=temperature, generator=gen)

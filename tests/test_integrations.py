@@ -1,0 +1,44 @@
+import pytest
+import torch
+
+from conftest import tiny_llama, tiny_qwen3
+from foresight.generate import generate
+from foresight.integrations.hf import ForesightCache
+from foresight.models import describe
+from foresight.scorer import LearnedPolicy, ScorerMismatchError, bank_for_model, save_scorer
+
+
+def checkpoint(model, path):
+    bank = bank_for_model(model, seed=3)
+    save_scorer(bank, path, describe(model), budget=16, interval=4, sinks=0, stage="sft")
+    return bank
+
+
+@pytest.mark.parametrize("make", [tiny_qwen3, tiny_llama])
+def test_from_pretrained_cache_works_in_plain_generate(make, tmp_path):
+    model = make()
+    bank = checkpoint(model, tmp_path / "ck")
+    ids = torch.randint(8, 170, (1, 10))
+    cache = ForesightCache.from_pretrained(tmp_path / "ck", model)
+    out = model.generate(ids, past_key_values=cache, max_new_tokens=40, do_sample=False)
+    assert out.shape == (1, 50) and cache.steps >= 8 and cache.held() <= 16 + 4
+    # the same decisions as the project's own generation driver with the same scorers
+    mine = generate(model, ids, max_new_tokens=40, policy=LearnedPolicy(bank), budget=16, interval=4)
+    assert torch.equal(out, mine.sequences)
+
+
+def test_from_pretrained_refuses_another_model(tmp_path):
+    checkpoint(tiny_qwen3(), tmp_path / "ck")
+    with pytest.raises(ScorerMismatchError, match="num_attention_heads: checkpoint 4 vs model 6"):
+        ForesightCache.from_pretrained(tmp_path / "ck", tiny_llama())
+
+
+def test_sampler_option_is_seeded(tmp_path):
+    model = tiny_qwen3()
+    checkpoint(model, tmp_path / "ck")
+    ids = torch.randint(8, 170, (1, 10))
+    outs = []
+    for _ in range(2):
+        c = ForesightCache.from_pretrained(tmp_path / "ck", model, selection="sample", seed=5)
+        outs.append(model.generate(ids, past_key_values=c, max_new_tokens=30, do_sample=False))
+    assert torch.equal(outs[0], outs[1])
