@@ -29,7 +29,7 @@ variable's definition went wrong (the variable's value chains from it) or if a d
 
 Length: ``3 + T*(2+F) + 1 + (T+K) + 2`` prompt tokens (with the chat template) and ``(T+2K)*(3+S) + 1``
 solution tokens; the default (T=48, K=16, F=4, S=10) gives a 1,041-token solution; ``scratch`` scales it
-(S=90 gives 7,201 solution tokens).
+(S=96 gives 7,921 solution tokens).
 """
 
 from __future__ import annotations
