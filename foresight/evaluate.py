@@ -98,13 +98,13 @@ def prompt_ids(tok, p) -> list[int]:
     return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
 
 
-def teacher_forced(method: Method, model, ref, B, L, seed, golden_F=None, record=None):
+def teacher_forced(method: Method, model, ref, B, L, seed, golden_F=None, record=None, overflow="evict"):
     if method.is_full:
         return ref["loss"].unsqueeze(0), float(ref["ids"].shape[1]), None
     pol = GoldenPolicy(golden_F) if method.teacher_forced_only else method.factory()
     gen = torch.Generator(device=ref["ids"].device).manual_seed(seed)
     res = rollout(model, ref["ids"], pol, B, L, sinks=method.sinks, protect_prompt=method.protect_prompt,
-                  prompt_len=ref["prompt_len"], generator=gen, recorder=record, prompt_overflow="evict")
+                  prompt_len=ref["prompt_len"], generator=gen, recorder=record, prompt_overflow=overflow)
     return res.token_loss, res.mean_held, res
 
 
@@ -174,8 +174,17 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
     jobs = [(m, B, L) for (B, L) in budget_list for m in meths]
     bar = tqdm(jobs, desc="eval", disable=not progress)
     goldens = {}
+    max_prompt = max(r["prompt_len"] for r in refs)
+    overflow = recipe.cache.prompt_overflow
     for m, B, L in bar:
         bar.set_postfix(method=m.name, budget=f"{B}:{L}")
+        protect_label = m.protect_prompt
+        if m.protect_prompt and max_prompt > B:
+            if overflow == "error":
+                log(f"[eval] skipping {m.name} at B={B}: the prompt ({max_prompt} tokens) is longer than the budget "
+                    "and is protected (set cache.prompt_overflow=evict to evict inside the prompt instead)")
+                continue
+            protect_label = "fallback"
         tot_e = tot_f = 0.0
         low_d, high_d, held = [], [], []
         recalls = []
@@ -185,11 +194,11 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
                 goldens[key] = block_pooled_attention(model, ref["ids"], B, L, recipe.sft.golden_pool).future()
             F = goldens.get(key)
             seed = ev.seed * 7919 + j
-            loss, mean_held, _ = teacher_forced(m, model, ref, B, L, seed, F)
+            loss, mean_held, _ = teacher_forced(m, model, ref, B, L, seed, F, overflow=overflow)
             p = ref["prompt_len"]
             tot_e += loss[0, p:].sum().item()
             tot_f += ref["loss"][p:].sum().item()
-            prot = p if m.protect_prompt else 0
+            prot = p if protect_label is True else 0
             start = min(prot + B + L + 1, ref["ids"].shape[1])
             low = low_entropy_mask(ref["entropy"], start, 0.8)
             after = torch.zeros_like(low)
@@ -206,7 +215,7 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
                     recalls.append(r)
         acc, n = accuracy(m, recipe, model, tok, problems, B, L, device)
         row = {
-            "method": m.name, "budget": B, "interval": L, "protect_prompt": m.protect_prompt,
+            "method": m.name, "budget": B, "interval": L, "protect_prompt": protect_label,
             "loss_ratio": round(tot_e / max(tot_f, 1e-12), 5),
             "low_entropy_loss_increase": round(torch.cat(low_d).mean().item(), 5) if low_d else 0.0,
             "high_entropy_loss_increase": round(torch.cat(high_d).mean().item(), 5) if high_d else 0.0,
@@ -235,6 +244,10 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
     return rows
 
 
+def _prot(v) -> str:
+    return "fallback (prompt > B)" if v == "fallback" else ("yes" if v else "no")
+
+
 def _fmt(v, nd=3):
     if v is None:
         return "—"
@@ -247,7 +260,7 @@ def results_table(rows, meta) -> str:
     head = ("| method | prompt kept | B:L | loss ratio | Δloss low-H | Δloss high-H | accuracy | n | recall@L | "
             "mean cache |\n|---|---|---|---|---|---|---|---|---|---|\n")
     body = "".join(
-        f"| {r['method']} | {'yes' if r['protect_prompt'] else 'no'} | {r['budget']}:{r['interval']} | "
+        f"| {r['method']} | {_prot(r['protect_prompt'])} | {r['budget']}:{r['interval']} | "
         f"{_fmt(r['loss_ratio'], 4)} | {_fmt(r['low_entropy_loss_increase'])} | {_fmt(r['high_entropy_loss_increase'])} | "
         f"{_fmt(r['accuracy'])} | {r['n_samples']} | {_fmt(r['recall_at_L'])} | {_fmt(r['mean_cache'], 1)} |\n"
         for r in rows)

@@ -165,3 +165,24 @@ def test_dynamic_cache_path_unchanged(qwen3):
         b1 = qwen3(ids[:, :20], cache=c, use_cache=True).logits
         b2 = qwen3(ids[:, 20:], cache=c, use_cache=True).logits
     assert torch.allclose(a, torch.cat([b1, b2], 1), atol=1e-5)
+
+
+def test_protect_prompt_keeps_every_prompt_token_and_bounds_the_rest(qwen3):
+    P = 12
+    ids = torch.randint(8, 170, (2, P))
+    g = generate(qwen3, ids, max_new_tokens=60, policy=make_policy("random"), budget=16, interval=4,
+                 protect_prompt=True, generator=torch.Generator().manual_seed(0))
+    c = g.cache
+    tok = c.token[:, :, :, : c.n]
+    assert c.steps > 5
+    assert (tok[..., :P] == torch.arange(P)).all()  # the prompt is intact in every head
+    assert c.n - P <= 16 + 4  # the budget applies to the generated part
+
+
+def test_protect_prompt_longer_than_budget(qwen3):
+    ids = torch.randint(8, 170, (1, 30))
+    with pytest.raises(ValueError, match="prompt has 30 tokens, more than the budget B=16"):
+        generate(qwen3, ids, max_new_tokens=5, policy=make_policy("random"), budget=16, interval=4, protect_prompt=True)
+    g = generate(qwen3, ids, max_new_tokens=5, policy=make_policy("random"), budget=16, interval=4,
+                 protect_prompt=True, prompt_overflow="evict")
+    assert g.peak_slots <= 20

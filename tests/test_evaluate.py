@@ -15,11 +15,13 @@ def test_eval_writes_results_tables_and_plots_reproducibly(tiny_model_dir, tmp_p
     traces.make_traces(r, tmp_path / "tr", progress=False, log=lambda *_: None)
     train_sft(r, tmp_path / "tr", tmp_path / "sft", progress=False, log=lambda *_: None)
     methods = "full,golden,random,streamingllm,h2o,tova,snapkv,rkv,scissorhands,knorm,keydiff,random-keep-prompt"
-    rows = run_eval(r, tmp_path / "ev", methods=methods, budgets="12:4,16:4", scorers=[tmp_path / "sft"],
+    rows = run_eval(r, tmp_path / "ev", methods=methods, budgets="12:4,24:4", scorers=[tmp_path / "sft"],
                     progress=False, log=lambda *_: None)
     names = {x["method"] for x in rows}
     assert names == set(methods.split(",")) | {"foresight-sft"}
-    assert len(rows) == 2 * 13
+    # random-keep-prompt protects the 21-token prompt: impossible at B=12 (skipped, cache.prompt_overflow=error)
+    assert len(rows) == 2 * 13 - 1
+    assert not any(x["method"] == "random-keep-prompt" and x["budget"] == 12 for x in rows)
     for x in rows:
         for k in ("method", "budget", "interval", "loss_ratio", "accuracy", "n_samples",
                   "low_entropy_loss_increase", "high_entropy_loss_increase"):
@@ -30,10 +32,11 @@ def test_eval_writes_results_tables_and_plots_reproducibly(tiny_model_dir, tmp_p
             assert x["accuracy"] is None
         if x["method"] not in ("full", "random-keep-prompt"):
             assert x["mean_cache"] <= x["budget"] + x["interval"]
-    assert next(x for x in rows if x["method"] == "random-keep-prompt")["protect_prompt"] is True
+    rkp = next(x for x in rows if x["method"] == "random-keep-prompt")
+    assert rkp["protect_prompt"] is True and rkp["budget"] == 24
     for f in ("results.json", "results.md", "accuracy.png", "loss_ratio.png", "eviction_map.png"):
         assert (tmp_path / "ev" / f).exists(), f
-    again = run_eval(r, tmp_path / "ev2", methods=methods, budgets="12:4,16:4", scorers=[tmp_path / "sft"],
+    again = run_eval(r, tmp_path / "ev2", methods=methods, budgets="12:4,24:4", scorers=[tmp_path / "sft"],
                      progress=False, log=lambda *_: None)
     assert again == rows
     assert json.loads((tmp_path / "ev" / "results.json").read_text()) == rows
