@@ -7,7 +7,7 @@ OUT     ?= runs/$(notdir $(basename $(RECIPE)))
 SET     ?=
 STAMP   := $(VENV)/.installed
 
-.PHONY: install test demo teacher traces sft grpo eval bench lint clean
+.PHONY: install test test-kvpress demo teacher traces sft grpo eval bench lint clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -22,6 +22,19 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests
+
+# kvpress pins transformers<5.3, older than the core's: its adapter is tested in an environment of its own
+KVENV := .venv-kvpress
+$(KVENV)/.installed: pyproject.toml
+	$(PY) -m venv $(KVENV)
+	$(KVENV)/bin/pip install -q --upgrade pip setuptools wheel
+	$(KVENV)/bin/pip install -q torch==2.13.0
+	$(KVENV)/bin/pip install -q "transformers>=4.56,<5.3" "kvpress>=0.5" safetensors pyyaml tokenizers pytest
+	$(KVENV)/bin/pip install -q --no-deps --no-build-isolation -e .
+	touch $@
+
+test-kvpress: $(KVENV)/.installed
+	$(KVENV)/bin/python -m pytest tests/kvpress
 
 lint: $(STAMP)
 	$(BIN)/ruff check foresight data_prep tests

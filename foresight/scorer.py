@@ -78,6 +78,14 @@ class ScorerBank(nn.Module):
         hdn = ACTIVATIONS[self.activation](hdn)
         return torch.einsum("lbhnk,lhk->lbhn", hdn, self.w2) + self.b2[:, None, :, None]
 
+    def forward_layer(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """One layer's MLPs: x [b, h, n, D_in] -> [b, h, n] (used by per-layer hooks such as kvpress)."""
+        x = nn.functional.layer_norm(x.float(), (self.d_in,))
+        x = x * self.ln_w[layer][None, :, None, :] + self.ln_b[layer][None, :, None, :]
+        hdn = torch.einsum("bhnd,hdk->bhnk", x, self.w1[layer]) + self.b1[layer][None, :, None, :]
+        hdn = ACTIVATIONS[self.activation](hdn)
+        return torch.einsum("bhnk,hk->bhn", hdn, self.w2[layer]) + self.b2[layer][None, :, None]
+
     def spec(self) -> dict:
         return {"num_layers": self.num_layers, "num_key_value_heads": self.kv_heads, "head_dim": self.head_dim,
                 "group": self.group, "hidden": self.hidden, "activation": self.activation,

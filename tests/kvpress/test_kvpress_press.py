@@ -1,0 +1,101 @@
+"""ForesightPress against the real kvpress package (runs in its own environment: kvpress pins an older
+transformers; `.ci/run` builds `.venv-kvpress` for it). Skipped where kvpress is not installed."""
+
+import pytest
+import torch
+
+kvpress = pytest.importorskip("kvpress")
+
+from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
+
+from foresight.integrations.kvpress import ForesightPress  # noqa: E402
+from foresight.scorer import ScorerBank, save_scorer  # noqa: E402
+
+
+def tiny(tmp_path):
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048)
+    model = Qwen3ForCausalLM(cfg).eval()
+    bank = ScorerBank(2, 2, 16, 2, seed=1)
+    info = {"model_type": "qwen3", "num_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 16, "name_or_path": "tiny"}
+    save_scorer(bank, tmp_path / "ck", info, budget=24, interval=8, sinks=0, stage="sft")
+    return model, tmp_path / "ck"
+
+
+def test_decoding_press_keeps_the_scorers_top_and_stays_in_bounds(tmp_path):
+    model, ck = tiny(tmp_path)
+    target, interval = 24, 8
+    inner = ForesightPress(scorer_dir=str(ck), protect_recent=interval)
+    press = kvpress.DecodingPress(inner, compression_interval=interval, target_size=target,
+                                  hidden_states_buffer_size=interval)
+    sizes, checks = [], []
+    orig = inner.score
+
+    def spy(module, hidden_states, keys, values, attentions, kwargs):
+        s = orig(module, hidden_states, keys, values, attentions, kwargs)
+        checks.append((module.layer_idx, keys.clone(), s.clone()))
+        return s
+
+    inner.score = spy
+
+    def probe(module, args, kwargs, output):  # on the decoder layer: runs after the press's attention hook
+        hs = args[0] if args else kwargs["hidden_states"]
+        cache = kwargs.get("past_key_values")
+        if cache is not None and hs.shape[1] == 1:
+            sizes.append(cache.layers[0].keys.shape[2])
+
+    hooks = [model.model.layers[0].register_forward_hook(probe, with_kwargs=True)]
+    ids = torch.randint(0, 128, (1, 30))
+    with press(model):
+        model.generate(ids, max_new_tokens=60, do_sample=False)
+    for hk in hooks:
+        hk.remove()
+    assert checks, "the press never compressed"
+    first = next(i for i, s in enumerate(sizes) if s <= target)  # the first compression
+    assert len(sizes) - first > 3 * interval
+    assert all(target <= s <= target + interval - 1 for s in sizes[first:]), sizes
+    # the kept keys are exactly the ones the scorer ranks highest
+    layer, keys, scores = checks[-1]
+    top = scores.topk(target, dim=-1).indices
+    kept = keys.gather(2, top.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1]))
+    assert kept.shape[2] == target
+    newest = keys[:, :, -interval:]
+    for hh in range(keys.shape[1]):
+        for j in range(interval):
+            assert any(torch.equal(newest[0, hh, j], kept[0, hh, i]) for i in range(target))
+
+
+def test_text_generation_pipeline_accepts_the_press(tmp_path):
+    from transformers import pipeline
+
+    from data_prep.tokenizer import build_tokenizer
+
+    torch.manual_seed(0)
+    tok = build_tokenizer()
+    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
+                      pad_token_id=0, eos_token_id=2, bos_token_id=1)
+    model = Qwen3ForCausalLM(cfg).eval()
+    bank = ScorerBank(2, 2, 16, 2, seed=1)
+    info = {"model_type": "qwen3", "num_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 16, "name_or_path": "tiny"}
+    save_scorer(bank, tmp_path / "ck", info, budget=16, interval=4, sinks=0, stage="sft")
+    press = kvpress.DecodingPress(ForesightPress(scorer_dir=str(tmp_path / "ck"), protect_recent=4),
+                                  compression_interval=4, target_size=16, hidden_states_buffer_size=4)
+    pipe = pipeline("kv-press-text-generation", model=model, tokenizer=tok)
+    out = pipe("n01 v02 n03 v04 n05 v06 n07 v08", question="n03", press=press, max_new_tokens=30)
+    assert isinstance(out["answer"], str)
+
+
+def test_press_refuses_another_model(tmp_path):
+    model, ck = tiny(tmp_path)
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    other = LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=96, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=6, num_key_value_heads=2))
+    from foresight.scorer import ScorerMismatchError
+
+    with pytest.raises(ScorerMismatchError):
+        ForesightPress(scorer_dir=str(ck)).post_init_from_model(other)
