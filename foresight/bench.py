@@ -72,9 +72,6 @@ def _generation_child(new_tokens: int, budget: int | None, interval: int | None,
     model, tok = _model()
     ids = torch.randint(8, 170, (1, 64), generator=torch.Generator().manual_seed(0))
     pol = None if policy == "full" else make_policy(policy)
-    scorer_time = [0.0]
-    if pol is not None and policy == "learned":
-        pass
     t = time.perf_counter()
     g = generate(model, ids, max_new_tokens=new_tokens, policy=pol, budget=budget, interval=interval)
     dt = time.perf_counter() - t
@@ -85,8 +82,7 @@ def _generation_child(new_tokens: int, budget: int | None, interval: int | None,
         cache_bytes = c.cache_bytes()
     print(json.dumps({"new_tokens": new_tokens, "policy": policy, "budget": budget, "seconds": round(dt, 3),
                       "tokens_per_s": round(new_tokens / dt, 1), "cache_bytes": cache_bytes,
-                      "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-                      "scorer_s": scorer_time[0]}))
+                      "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}))
 
 
 def bench_generation(lengths=(1024, 4096, 8192), B=512, L=128):
