@@ -98,22 +98,36 @@ def prompt_ids(tok, p) -> list[int]:
     return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
 
 
-def teacher_forced(method: Method, model, ref, B, L, seed, golden_F=None, record=None, overflow="evict"):
+def group_refs(refs: list[dict]) -> list[dict]:
+    """Batch the reference traces that share (length, prompt length): one rollout per group."""
+    groups: dict = {}
+    for j, r in enumerate(refs):
+        groups.setdefault((r["ids"].shape[1], r["prompt_len"]), []).append(j)
+    out = []
+    for (S, P), idx in sorted(groups.items()):
+        out.append({"members": idx, "prompt_len": P, "ids": torch.cat([refs[j]["ids"] for j in idx]),
+                    "loss": torch.stack([refs[j]["loss"] for j in idx]),
+                    "entropy": torch.stack([refs[j]["entropy"] for j in idx])})
+    return out
+
+
+def teacher_forced(method: Method, model, grp, B, L, seed, golden_F=None, record=None, overflow="evict"):
+    """Per-token losses [b, S] of a group of traces under the method, and the mean pairs held."""
     if method.is_full:
-        return ref["loss"].unsqueeze(0), float(ref["ids"].shape[1]), None
+        return grp["loss"], float(grp["ids"].shape[1])
     pol = GoldenPolicy(golden_F) if method.teacher_forced_only else method.factory()
-    gen = torch.Generator(device=ref["ids"].device).manual_seed(seed)
-    res = rollout(model, ref["ids"], pol, B, L, sinks=method.sinks, protect_prompt=method.protect_prompt,
-                  prompt_len=ref["prompt_len"], generator=gen, recorder=record, prompt_overflow=overflow)
-    return res.token_loss, res.mean_held, res
+    gen = torch.Generator(device=grp["ids"].device).manual_seed(seed)
+    res = rollout(model, grp["ids"], pol, B, L, sinks=method.sinks, protect_prompt=method.protect_prompt,
+                  prompt_len=grp["prompt_len"], generator=gen, recorder=record, prompt_overflow=overflow)
+    return res.token_loss, res.mean_held
 
 
-def recall_vs_golden(method: Method, model, ref, B, L, golden_F, seed) -> float | None:
-    """Mean |method's top-L ∩ golden's L| / L over the golden trajectory's steps."""
+def recall_vs_golden(method: Method, model, grp, B, L, golden_F, seed) -> list[float]:
+    """Per golden step: |method's top-L ∩ golden's L| / L along the golden trajectory (all rows, layers, heads)."""
     if method.is_full or method.teacher_forced_only:
-        return None
+        return []
     pol = method.factory()
-    gen = torch.Generator(device=ref["ids"].device).manual_seed(seed)
+    gen = torch.Generator(device=grp["ids"].device).manual_seed(seed)
     hits = []
 
     def rec(st):
@@ -121,12 +135,11 @@ def recall_vs_golden(method: Method, model, ref, B, L, golden_F, seed) -> float 
         v.generator = gen
         s = pol.score(v).float().masked_fill(~st["evictable"], float("-inf"))
         mine = s.topk(st["chosen"].shape[-1], -1).indices
-        hit = (mine.unsqueeze(-1) == st["chosen"].unsqueeze(-2)).any(-1).float().mean()
-        hits.append(hit.item())
+        hits.append((mine.unsqueeze(-1) == st["chosen"].unsqueeze(-2)).any(-1).float().mean().item())
 
-    rollout(model, ref["ids"], GoldenPolicy(golden_F), B, L, sinks=method.sinks, protect_prompt=method.protect_prompt,
-            prompt_len=ref["prompt_len"], recorder=rec, prompt_overflow="evict")
-    return sum(hits) / len(hits) if hits else None
+    rollout(model, grp["ids"], GoldenPolicy(golden_F), B, L, sinks=method.sinks, protect_prompt=method.protect_prompt,
+            prompt_len=grp["prompt_len"], recorder=rec, prompt_overflow="evict")
+    return hits
 
 
 def accuracy(method: Method, recipe, model, tok, problems, B, L, device) -> tuple[float | None, int]:
@@ -173,7 +186,16 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
 
     jobs = [(m, B, L) for (B, L) in budget_list for m in meths]
     bar = tqdm(jobs, desc="eval", disable=not progress)
+    groups = group_refs(refs)
     goldens = {}
+
+    def golden_for(gi, B, L):
+        if (gi, B, L) not in goldens:
+            goldens[(gi, B, L)] = torch.stack([
+                block_pooled_attention(model, refs[j]["ids"], B, L, recipe.sft.golden_pool).future()
+                for j in groups[gi]["members"]])
+        return goldens[(gi, B, L)]
+
     max_prompt = max(r["prompt_len"] for r in refs)
     overflow = recipe.cache.prompt_overflow
     for m, B, L in bar:
@@ -186,33 +208,29 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
                 continue
             protect_label = "fallback"
         tot_e = tot_f = 0.0
-        low_d, high_d, held = [], [], []
-        recalls = []
-        for j, ref in enumerate(refs):
-            key = (j, B, L)
-            if key not in goldens and ("golden" in [x.name for x in meths] or any(not x.is_full for x in meths)):
-                goldens[key] = block_pooled_attention(model, ref["ids"], B, L, recipe.sft.golden_pool).future()
-            F = goldens.get(key)
-            seed = ev.seed * 7919 + j
-            loss, mean_held, _ = teacher_forced(m, model, ref, B, L, seed, F, overflow=overflow)
-            p = ref["prompt_len"]
-            tot_e += loss[0, p:].sum().item()
-            tot_f += ref["loss"][p:].sum().item()
+        low_d, high_d, held, recalls = [], [], [], []
+        for gi, grp in enumerate(groups):
+            F = None if m.is_full else golden_for(gi, B, L)
+            seed = ev.seed * 7919 + gi
+            loss, mean_held = teacher_forced(m, model, grp, B, L, seed, F, overflow=overflow)
+            p = grp["prompt_len"]
+            tot_e += loss[:, p:].sum().item()
+            tot_f += grp["loss"][:, p:].sum().item()
             prot = p if protect_label is True else 0
-            start = min(prot + B + L + 1, ref["ids"].shape[1])
-            low = low_entropy_mask(ref["entropy"], start, 0.8)
-            after = torch.zeros_like(low)
-            after[start:] = True
-            delta = loss[0] - ref["loss"]
-            if low.any():
-                low_d.append(delta[low])
-            if (after & ~low).any():
-                high_d.append(delta[after & ~low])
+            S = grp["ids"].shape[1]
+            start = min(prot + B + L + 1, S)
+            for r in range(loss.shape[0]):
+                low = low_entropy_mask(grp["entropy"][r], start, 0.8)
+                after = torch.zeros_like(low)
+                after[start:] = True
+                delta = loss[r] - grp["loss"][r]
+                if low.any():
+                    low_d.append(delta[low])
+                if (after & ~low).any():
+                    high_d.append(delta[after & ~low])
             held.append(mean_held)
             if F is not None:
-                r = recall_vs_golden(m, model, ref, B, L, F, seed)
-                if r is not None:
-                    recalls.append(r)
+                recalls += recall_vs_golden(m, model, grp, B, L, F, seed)
         acc, n = accuracy(m, recipe, model, tok, problems, B, L, device)
         row = {
             "method": m.name, "budget": B, "interval": L, "protect_prompt": protect_label,
@@ -238,8 +256,9 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
         next((m for m in meths if m.name == "golden"), None) or next((m for m in meths if not m.is_full), None)
     if best is not None and refs:
         B, L = budget_list[0]
-        F = goldens.get((0, B, L))
-        plots.eviction_map(model, refs[0], best, B, L, F, out / "eviction_map.png")
+        F = goldens[(0, B, L)][0] if (0, B, L) in goldens else None
+        first = refs[groups[0]["members"][0]]
+        plots.eviction_map(model, first, best, B, L, F, out / "eviction_map.png")
     log(results_table(rows, meta))
     return rows
 

@@ -93,21 +93,21 @@ def block_pooled_attention(model, input_ids: torch.Tensor, budget: int, interval
 class GoldenPolicy(Policy):
     """Evicts the candidates with the lowest future score ``F_t`` (from :func:`block_pooled_attention`).
 
-    Works for a batch of copies of one trace (every row follows the same labels)."""
+    ``future`` is one trace's ``[nl, n_blocks, h, S]`` (every row of the batch follows it, e.g. G copies of a
+    trace) or a stack ``[b, nl, n_blocks, h, S]`` with one trace per row (equal lengths)."""
 
     def __init__(self, future: torch.Tensor):
-        self.future = future  # [nl, n_blocks, h, S]
+        self.future = future if future.dim() == 5 else future.unsqueeze(0)
 
     def future_scores(self, view) -> torch.Tensor:
         """[nl, b, h, n] future score of every slot at this step (0 for padding / past the last block)."""
         nl, b, h, n = view.token.shape
         t = view.step
-        if t >= self.future.shape[1]:
+        if t >= self.future.shape[2]:
             return torch.zeros(view.token.shape, device=view.token.device)
-        Ft = self.future[:, t]  # [nl, h, S]
-        tok = view.token.clamp(min=0)
-        idx = tok.permute(1, 0, 2, 3)  # [b, nl, h, n]
-        vals = Ft.unsqueeze(0).expand(b, -1, -1, -1).gather(-1, idx).permute(1, 0, 2, 3)
+        Ft = self.future[:, :, t].expand(b, -1, -1, -1)  # [b, nl, h, S]
+        idx = view.token.clamp(min=0).permute(1, 0, 2, 3)  # [b, nl, h, n]
+        vals = Ft.gather(-1, idx).permute(1, 0, 2, 3)
         return vals.masked_fill(view.token < 0, 0.0)
 
     def score(self, view):
