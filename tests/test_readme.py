@@ -1,0 +1,40 @@
+"""The README's snippets run (each against a freshly written scorer checkpoint for the shipped teacher)."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def snippets(section: str) -> list[str]:
+    text = README.read_text()
+    body = text.split(f"## {section}", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", body, re.S)
+
+
+def test_readme_starts_with_the_two_commands():
+    lines = [x for x in README.read_text().splitlines() if x.startswith("make ")]
+    assert lines[0].startswith("make demo") and lines[1].startswith("make test")
+
+
+def test_transformers_snippet_runs(tmp_path, monkeypatch):
+    from foresight.config import ModelConfig
+    from foresight.models import describe, load_model
+    from foresight.scorer import bank_for_model, save_scorer
+
+    model, _ = load_model(ModelConfig(), device="cpu")
+    ck = tmp_path / "runs" / "tiny-qwen3" / "grpo"
+    save_scorer(bank_for_model(model), ck, describe(model), budget=320, interval=64, sinks=0, stage="grpo")
+    code = snippets("Use trained scorers in your own code")
+    assert len(code) == 2
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {}
+    exec(code[0].replace("max_new_tokens=1100", "max_new_tokens=500"), ns)  # noqa: S102
+    assert ns["cache"].held() <= 320 + 64 and ns["cache"].steps > 0
+    assert ns["out"].shape[1] == ns["input_ids"].shape[1] + 500
+
+
+def test_kvpress_snippet_is_tested_in_its_environment():
+    pytest.importorskip("kvpress")  # runs in .venv-kvpress (tests/kvpress has the full checks)
