@@ -99,3 +99,23 @@ def test_press_refuses_another_model(tmp_path):
 
     with pytest.raises(ScorerMismatchError):
         ForesightPress(scorer_dir=str(ck)).post_init_from_model(other)
+
+
+def test_readme_kvpress_snippet_runs(tmp_path, monkeypatch):
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    body = text.split("## Use trained scorers in your own code", 1)[1].split("\n## ", 1)[0]
+    code = re.findall(r"```python\n(.*?)```", body, re.S)[1]
+    model, ck = tiny(tmp_path)
+    dest = tmp_path / "runs" / "tiny-qwen3" / "grpo"
+    dest.parent.mkdir(parents=True)
+    ck.rename(dest)
+    monkeypatch.chdir(tmp_path)
+    code = code.replace("target_size=320", "target_size=24").replace("compression_interval=64", "compression_interval=8")
+    code = code.replace("protect_recent=64", "protect_recent=8").replace("hidden_states_buffer_size=64",
+                                                                        "hidden_states_buffer_size=8")
+    ns = {"model": model, "input_ids": torch.randint(0, 128, (1, 30))}
+    exec(code.replace("max_new_tokens=1100", "max_new_tokens=40"), ns)  # noqa: S102
+    assert ns["out"].shape[1] == 70
