@@ -34,7 +34,7 @@ from foresight.models import load_model
 from foresight.policies import make_policy
 from foresight.reward import low_entropy_mask
 from foresight.rollout import rollout
-from foresight.scorer import LearnedPolicy, load_scorer
+from foresight.scorer import LearnedPolicy, load_scorer, record_eval
 
 STREAMING_SINKS = 4
 
@@ -69,7 +69,9 @@ def build_methods(names: list[str], scorer_dirs: list, model, protect_all: bool)
         if name in seen:
             name = f"{name}({Path(d).name})"
         seen.add(name)
-        out.append(Method(name, (lambda b=bank, nm=name: LearnedPolicy(b, nm)), protect_all))
+        m = Method(name, (lambda b=bank, nm=name: LearnedPolicy(b, nm)), protect_all)
+        m.checkpoint = Path(d)
+        out.append(m)
     return out
 
 
@@ -143,8 +145,8 @@ def recall_vs_golden(method: Method, model, grp, B, L, golden_F, seed) -> list[f
 
 
 def accuracy(method: Method, recipe, model, tok, problems, B, L, device) -> tuple[float | None, int]:
-    if method.teacher_forced_only:
-        return None, 0
+    if method.teacher_forced_only or recipe.task.kind == "none":
+        return None, 0  # golden needs the future; a task without a checker has no accuracy
     ev = recipe.eval
     n = ev.n_samples if ev.do_sample else 1
     rows = [prompt_ids(tok, p) for p in problems]
@@ -177,7 +179,11 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
     model, tok = load_model(recipe.model)
     device = next(model.parameters()).device
     meths = build_methods((methods or ev.methods).split(","), list(scorers), model, ev.protect_prompt)
-    problems = prompts.load_prompts(recipe, recipe.traces.heldout_offset, ev.num_problems, tok)
+    # held-out problems: synthetic seeds from traces.heldout_offset, or the dataset rows after the training prompts
+    start = recipe.traces.heldout_offset if recipe.traces.prompt_dataset is None else recipe.traces.num_prompts
+    problems = prompts.load_prompts(recipe, start, ev.num_problems, tok)
+    if not problems:
+        raise ValueError(f"no held-out problems: the prompt dataset has no rows after the first {start}")
     t0 = time.time()
     log(f"[eval] {len(problems)} held-out problems; reference full-cache traces ...")
     refs = reference_traces(recipe, model, tok, problems, device)
@@ -242,13 +248,16 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
             "mean_cache": round(sum(held) / len(held), 1), "num_problems": len(problems),
         }
         rows.append(row)
-    full_acc = sum(bool(r["correct"]) for r in refs) / len(refs)
+    full_acc = None if recipe.task.kind == "none" else sum(bool(r["correct"]) for r in refs) / len(refs)
     meta = {"recipe": recipe.name, "model": recipe.model.path, "num_problems": len(problems),
             "full_cache_trace_accuracy": full_acc, "mean_trace_length": sum(r["ids"].shape[1] for r in refs) / len(refs),
             "mean_prompt_length": sum(r["prompt_len"] for r in refs) / len(refs), "seconds": round(time.time() - t0, 1)}
     (out / "results.json").write_text(json.dumps(rows, indent=1))
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
     (out / "results.md").write_text(results_table(rows, meta))
+    for m in meths:  # the scorers' model cards carry their evaluation
+        if getattr(m, "checkpoint", None) is not None:
+            record_eval(m.checkpoint, rows, m.name)
     from foresight import plots
 
     plots.budget_curves(rows, out)
@@ -284,6 +293,6 @@ def results_table(rows, meta) -> str:
         f"{_fmt(r['accuracy'])} | {r['n_samples']} | {_fmt(r['recall_at_L'])} | {_fmt(r['mean_cache'], 1)} |\n"
         for r in rows)
     info = (f"\n{meta['num_problems']} held-out problems, mean trace {meta['mean_trace_length']:.0f} tokens "
-            f"(prompt {meta['mean_prompt_length']:.0f}); full-cache accuracy of the reference traces "
-            f"{meta['full_cache_trace_accuracy']:.3f}.\n")
+            f"(prompt {meta['mean_prompt_length']:.0f}); full-cache accuracy of the reference traces: "
+            f"{_fmt(meta['full_cache_trace_accuracy'])}.\n")
     return head + body + info

@@ -135,7 +135,8 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
         class _C:  # the fields _deepspeed_engine reads
             batch_traces, grad_clip = g.traces_per_step, 1.0
 
-        engine = _deepspeed_engine(bank, opt, sched, deepspeed_config or g.deepspeed, _C)
+        # the scheduler stays ours: GRPO takes `epochs` optimiser steps per training step
+        engine = _deepspeed_engine(bank, opt, None, deepspeed_config or g.deepspeed, _C)
     start = 0
     ckpt = out / "ckpt" / "state.pt"
     if resume:
@@ -167,7 +168,8 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
         for j, i in enumerate(batch):
             row = ds[i]
             ids = torch.tensor([row["input_ids"]], device=device)
-            gen = torch.Generator(device=device).manual_seed(g.seed * 7919 + step * 131 + j + rank * 17)
+            slot = rank + j * world  # the trace's place in the global batch: sampling does not depend on world size
+            gen = torch.Generator(device=device).manual_seed(g.seed * 7919 + step * 131 + slot)
             bank.eval()
             res, steps = group_rollout(model, bank, ids, g.group, cc, g.temperature, gen, row["prompt_len"])
             r = compute_reward(res.token_loss, torch.tensor(row["token_loss"], device=device),
@@ -203,8 +205,7 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
                 torch.nn.utils.clip_grad_norm_(bank.parameters(), 1.0)
                 opt.step()
             stats = {"loss": loss.item(), "kl": sum(kls) / len(kls), "clip_frac": sum(clips) / len(clips)}
-        if engine is None:
-            sched.step()
+        sched.step()
         rewards = torch.cat([x[1] for x in groups])
         stats.update({"reward_mean": rewards.mean().item(), "reward_std": rewards.std().item() if len(rewards) > 1 else 0.0,
                       "adv_abs": torch.cat([x[2] for x in groups]).abs().mean().item(), "lr": opt.param_groups[0]["lr"]})

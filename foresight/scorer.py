@@ -141,6 +141,17 @@ def save_scorer(bank: ScorerBank, out: Path, model_info: dict, budget: int, inte
     return out
 
 
+def record_eval(path: Path, rows: list[dict], method: str) -> None:
+    """Store a checkpoint's evaluation rows in its config.json and model card (atomic rewrites)."""
+    path = Path(path)
+    cfg = read_config(path)
+    cfg["eval"] = [r for r in rows if r["method"] == method]
+    for name, text in (("README.md", model_card(cfg)), ("config.json", json.dumps(cfg, indent=1))):
+        tmp = path / f"{name}.tmp{os.getpid()}"
+        tmp.write_text(text)
+        os.replace(tmp, path / name)
+
+
 def read_config(path: Path) -> dict:
     path = Path(path)
     f = path / "config.json"
@@ -180,6 +191,14 @@ def load_scorer(path: Path, model=None, device="cpu") -> tuple[ScorerBank, dict]
     return bank.to(device).eval(), cfg
 
 
+def _eval_table(rows) -> str:
+    if not rows:
+        return "Not evaluated yet: run `foresight eval --scorers <this folder>`."
+    head = "| B:L | prompt kept | loss ratio | accuracy | recall@L |\n|---|---|---|---|---|\n"
+    return head + "".join(f"| {r['budget']}:{r['interval']} | {r['protect_prompt']} | {r['loss_ratio']} | "
+                          f"{r['accuracy']} | {r['recall_at_L']} |\n" for r in rows)
+
+
 def model_card(cfg: dict) -> str:
     m = cfg.get("metrics") or {}
     rows = "\n".join(f"| {k} | {v} |" for k, v in m.items()) or "| (none recorded) | |"
@@ -202,6 +221,10 @@ Learned KV-cache eviction scorers trained with [foresight](https://github.com/) 
 | metric | value |
 |---|---|
 {rows}
+
+## Evaluation (`foresight eval`)
+
+{_eval_table(cfg.get("eval"))}
 
 ## Use
 

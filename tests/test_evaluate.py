@@ -36,7 +36,10 @@ def test_eval_writes_results_tables_and_plots_reproducibly(tiny_model_dir, tmp_p
     assert rkp["protect_prompt"] is True and rkp["budget"] == 24
     for f in ("results.json", "results.md", "accuracy.png", "loss_ratio.png", "eviction_map.png"):
         assert (tmp_path / "ev" / f).exists(), f
-    again = run_eval(r, tmp_path / "ev2", methods=methods, budgets="12:4,24:4", scorers=[tmp_path / "sft"],
+    again = run_eval(r, tmp_path / "ev2", methods="golden,random,h2o", budgets="12:4,24:4", scorers=[tmp_path / "sft"],
                      progress=False, log=lambda *_: None)
-    assert again == rows
+    assert again == [x for x in rows if x["method"] in ("golden", "random", "h2o", "foresight-sft")]
     assert json.loads((tmp_path / "ev" / "results.json").read_text()) == rows
+    card = (tmp_path / "sft" / "README.md").read_text()
+    assert "## Evaluation" in card and "12:4" in card  # the model card carries the scorer's eval rows
+    assert json.loads((tmp_path / "sft" / "config.json").read_text())["eval"][0]["method"] == "foresight-sft"

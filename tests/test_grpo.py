@@ -84,3 +84,30 @@ def test_grpo_runs_checkpoints_and_resumes(tiny_model_dir, tmp_path):
     assert st["step"] == 3
     with pytest.raises(ValueError, match="--resume"):
         train_grpo(r, tdir, tmp_path / "sft", tmp_path / "grpo2", progress=False, log=lambda *_: None)
+
+
+def test_grpo_deepspeed_two_processes_equal_one_process(tiny_model_dir, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    r = load_recipe("recipes/tiny-qwen3.yaml", [f"model.path={tiny_model_dir}", *SETS, "grpo.steps=2"])
+    tdir = tmp_path / "traces"
+    traces.make_traces(r, tdir, progress=False, log=lambda *_: None)
+    train_sft(r, tdir, tmp_path / "sft", progress=False, log=lambda *_: None)
+    sets = [x for s in [f"model.path={tiny_model_dir}", *SETS, "grpo.steps=2"] for x in ("--set", s)]
+    out = tmp_path / "ds"
+    cmd = [os.path.join(os.path.dirname(sys.executable), "deepspeed"), "--num_gpus", "2", "--master_port", "29543",
+           "--module", "foresight", "grpo", "--recipe", "recipes/tiny-qwen3.yaml", "--traces", str(tdir),
+           "--init", str(tmp_path / "sft"), "--out", str(out), "--deepspeed", "recipes/ds/zero2.json",
+           "--no-progress", *sets]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    w0 = load_file(str(out / "ckpt" / "final-rank0.safetensors"))
+    w1 = load_file(str(out / "ckpt" / "final-rank1.safetensors"))
+    single, _ = train_grpo(r, tdir, tmp_path / "sft", tmp_path / "single", progress=False, log=lambda *_: None)
+    for k, v in single.state_dict().items():
+        assert torch.equal(w0[k], w1[k]), k
+        assert torch.allclose(w0[k], v, atol=1e-5), k
