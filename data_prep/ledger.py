@@ -115,7 +115,8 @@ def make_problem(spec: LedgerSpec, rng: random.Random) -> LedgerProblem:
         j = next(i for i, q in enumerate(questions) if q < VAR0)
         questions[0], questions[j] = questions[j], questions[0]
 
-    prompt = [BOS, IM_START, USER] + user_content_ids(list(zip(names, values)), fillers, questions) + [IM_END, IM_START, ASSISTANT]
+    content = user_content_ids(list(zip(names, values)), fillers, questions)
+    prompt = [BOS, IM_START, USER] + content + [IM_END, IM_START, ASSISTANT]
     pos_of_fact = {}  # token -> absolute position of its value (latest definition)
     p = 3
     for n, v in zip(names, values):

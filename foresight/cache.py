@@ -238,7 +238,8 @@ class BoundedCache(Cache):
     def _begin_chunk(self, key_states, q: int):
         if self._chunk is not None:
             raise RuntimeError("BoundedCache: the previous forward never reached the 'foresight' attention function; "
-                               "load the model with attn_implementation='foresight' (foresight.attention.use_foresight_attention)")
+                               "load the model with attn_implementation='foresight' "
+                               "(foresight.attention.use_foresight_attention)")
         if self.keys is None:
             self._allocate(key_states)
         if not self.full and self.n + q > self.capacity and self.n > self.target:

@@ -82,7 +82,8 @@ def test_load_traces_rejects_malformed(tmp_path):
     import datasets
 
     d = tmp_path / "bad"
-    datasets.Dataset.from_list([{"input_ids": [1, 2, 3], "prompt_len": 1, "token_loss": [0.0], "token_entropy": [0.0, 1, 2]}]).save_to_disk(str(d))
+    row = {"input_ids": [1, 2, 3], "prompt_len": 1, "token_loss": [0.0], "token_entropy": [0.0, 1, 2]}
+    datasets.Dataset.from_list([row]).save_to_disk(str(d))
     with pytest.raises(traces.TraceDataError, match="malformed"):
         traces.load_traces(d)
     with pytest.raises(traces.TraceDataError, match="not found"):
