@@ -8,14 +8,15 @@ Prompt (inside the chat template)::
 
 Solution (what the model writes), one step per question of the list, then one step per variable::
 
-    main phase, question q a table name:  q q v(q)  s(v) s²(v) ... s^S(v)
-    main phase, question q a variable:    q q u     s(u) ... s^S(u)      with u = s(previous token)
-    final phase, for x00, x01, ..., x{K-1}:  x x val(x) s(..) ... s^S(..)
+    main phase, question q a table name:  q q v(q)  (q v(q)) × S/2
+    main phase, question q a variable:    q q u     (q u) × S/2          with u = s(previous token)
+    final phase, for x00, x01, ..., x{K-1}:  x x val(x) (x val(x)) × S/2
     <|eos|>
 
-``s`` is the successor on the 64 value tokens (v63 -> v00): the S "scratch" tokens after each value are
-local, predictable busy-work that is never needed again. Every solution token is predictable from its
-context (dense supervision):
+``s`` is the successor on the 64 value tokens (v63 -> v00). The S "scratch" tokens after each value restate
+the step's fact: local, predictable busy-work (a copy two tokens back) that no later step needs, since the
+fact's first statement serves. Ending every step with ``q v`` keeps the previous question two tokens before
+the next one whatever S is. Every solution token is predictable from its context (dense supervision):
 
 * the question of a step is the token after the previous step's question in the list (an induction
   look-up whose distance grows over the trace);
@@ -76,8 +77,8 @@ class LedgerSpec:
             raise ValueError(f"ledger facts must be in 1..{NUM_NAMES}, got {self.facts}")
         if not 0 <= self.variables <= NUM_VARS:
             raise ValueError(f"ledger variables must be in 0..{NUM_VARS}, got {self.variables}")
-        if self.filler < 0 or self.scratch < 0:
-            raise ValueError("ledger filler and scratch must be >= 0")
+        if self.filler < 0 or self.scratch < 0 or self.scratch % 2:
+            raise ValueError(f"ledger filler must be >= 0 and scratch an even number >= 0, got {self.filler}, {self.scratch}")
 
     @property
     def step_len(self) -> int:
@@ -137,10 +138,7 @@ def make_problem(spec: LedgerSpec, rng: random.Random) -> LedgerProblem:
         if fact_pos is not None:
             lookups.append((start + 2, fact_pos))
             value_positions.append(start + 2)
-        x = val
-        for _ in range(spec.scratch):
-            x = succ(x)
-            sol.append(x)
+        sol.extend([q, val] * (spec.scratch // 2))  # scratch: the step's fact restated (busy-work)
 
     for i, q in enumerate(questions):
         if q >= VAR0:

@@ -76,14 +76,31 @@ def test_grpo_runs_checkpoints_and_resumes(tiny_model_dir, tmp_path):
 
     sft_bank, _ = load_scorer(tmp_path / "sft")
     assert any(not torch.equal(a, b) for a, b in zip(sft_bank.state_dict().values(), bank.state_dict().values()))
-    # resume from the step-2 checkpoint reproduces the final weights
-    import shutil
-
-    shutil.copytree(tmp_path / "grpo", tmp_path / "grpo2")
-    st = torch.load(tmp_path / "grpo" / "ckpt" / "state.pt", weights_only=False)
-    assert st["step"] == 3
     with pytest.raises(ValueError, match="--resume"):
-        train_grpo(r, tdir, tmp_path / "sft", tmp_path / "grpo2", progress=False, log=lambda *_: None)
+        train_grpo(r, tdir, tmp_path / "sft", tmp_path / "grpo", progress=False, log=lambda *_: None)
+    # a run killed right after its step-2 checkpoint and resumed ends with the same weights
+    import foresight.grpo as grpo_mod
+
+    class Kill(Exception):
+        pass
+
+    orig = grpo_mod.atomic_save
+
+    def save_then_kill(obj, path):
+        orig(obj, path)
+        raise Kill()
+
+    grpo_mod.atomic_save = save_then_kill
+    try:
+        with pytest.raises(Kill):
+            train_grpo(r, tdir, tmp_path / "sft", tmp_path / "grpo2", progress=False, log=lambda *_: None)
+    finally:
+        grpo_mod.atomic_save = orig
+    assert torch.load(tmp_path / "grpo2" / "ckpt" / "state.pt", weights_only=False)["step"] == 2
+    resumed, _ = train_grpo(r, tdir, tmp_path / "sft", tmp_path / "grpo2", resume=True, progress=False,
+                            log=lambda *_: None)
+    for k, v in bank.state_dict().items():
+        assert torch.allclose(v, resumed.state_dict()[k], atol=1e-6), k
 
 
 def test_grpo_deepspeed_two_processes_equal_one_process(tiny_model_dir, tmp_path):

@@ -22,7 +22,7 @@ def test_problem_structure_and_checker():
 
 def test_every_solution_token_is_determined_by_its_context():
     """Re-derive the solution from the prompt alone with the task's rules (dense supervision)."""
-    spec = ledger.LedgerSpec(facts=10, variables=4, filler=2, scratch=3)
+    spec = ledger.LedgerSpec(facts=10, variables=4, filler=2, scratch=4)
     p = ledger.make_problem(spec, random.Random(3))
     content = p.prompt_ids[3:-3]
     table = {}
@@ -35,10 +35,7 @@ def test_every_solution_token_is_determined_by_its_context():
         if q >= ledger.VAR0 and q not in table:
             table[q] = ledger.succ(sol[-1])
         v = table[q]
-        sol += [q, q, v]
-        for _ in range(spec.scratch):
-            v = ledger.succ(v)
-            sol.append(v)
+        sol += [q, q, v] + [q, v] * (spec.scratch // 2)
     assert sol + [ledger.EOS] == p.solution_ids
 
 
@@ -70,3 +67,5 @@ def test_tokenizer_round_trip_with_chat_template():
 def test_bad_spec_errors():
     with pytest.raises(ValueError, match="facts must be in 1..64"):
         ledger.LedgerSpec(facts=65)
+    with pytest.raises(ValueError, match="scratch an even number"):
+        ledger.LedgerSpec(scratch=3)
