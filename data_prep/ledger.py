@@ -1,15 +1,13 @@
 """The "ledger" task: a synthetic reasoning task whose solutions need facts produced far back.
 
-Prompt (inside the chat template)::
+Prompt (inside the chat template): a table of T facts and K variable slots in random order::
 
-    table:  n_1 v_1 f f f f   n_2 v_2 f f f f  ...  n_T v_T f f f f      (T facts "name has value")
-    <|sep|>
-    list:   q_1 q_2 ... q_{T+K}        (every table name and every variable x00..x{K-1}, shuffled)
+    n_1 v_1 f f f f   x_3 f f f f f   n_2 v_2 f f f f   ...      (name value filler×F | variable filler×(F+1))
 
-Solution (what the model writes), one step per question of the list, then one step per variable::
+Solution (what the model writes): one step per table entry, in table order, then one step per variable::
 
-    main phase, question q a table name:  q q v(q)  (q v(q)) × S/2
-    main phase, question q a variable:    q q u     (q u) × S/2          with u = s(previous token)
+    main phase, entry a name n:           n n v(n)  (n v(n)) × S/2
+    main phase, entry a variable x:       x x u     (x u) × S/2          with u = s(previous token)
     final phase, for x00, x01, ..., x{K-1}:  x x val(x) (x val(x)) × S/2
     <|eos|>
 
@@ -18,8 +16,8 @@ the step's fact: local, predictable busy-work (a copy two tokens back) that no l
 fact's first statement serves. Ending every step with ``q v`` keeps the previous question two tokens before
 the next one whatever S is. Every solution token is predictable from its context (dense supervision):
 
-* the question of a step is the token after the previous step's question in the list (an induction
-  look-up whose distance grows over the trace);
+* the subject of a step is the next table entry after the previous step's (find the previous subject in the
+  table, move one entry on: a look-up into the prompt whose distance grows over the trace);
 * a table value is a content-addressed look-up into the prompt table (distance spread over the whole trace);
 * a variable's value is *produced inside the solution*: it is defined at a random point of the main phase
   and looked up again in the final phase, so keeping the prompt alone cannot answer it;
@@ -28,7 +26,7 @@ the next one whatever S is. Every solution token is predictable from its context
 The answer is the final phase: the values of x00..x{K-1}. It is wrong if any table look-up before a
 variable's definition went wrong (the variable's value chains from it) or if a definition was evicted.
 
-Length: ``3 + T*(2+F) + 1 + (T+K) + 2`` prompt tokens (with the chat template) and ``(T+2K)*(3+S) + 1``
+Length: ``3 + (T+K)*(2+F) + 3`` prompt tokens (with the chat template) and ``(T+2K)*(3+S) + 1``
 solution tokens; the default (T=48, K=16, F=4, S=10) gives a 1,041-token solution; ``scratch`` scales it
 (S=96 gives 7,921 solution tokens).
 """
@@ -98,32 +96,28 @@ class LedgerProblem:
     value_positions: list[int]  # absolute positions of looked-up values (table and variable look-ups)
 
 
-def user_content_ids(facts: list[tuple[int, int]], fillers: list[list[int]], questions: list[int]) -> list[int]:
-    ids: list[int] = []
-    for (n, v), f in zip(facts, fillers):
-        ids += [n, v] + f
-    return ids + [SEP] + questions
-
-
 def make_problem(spec: LedgerSpec, rng: random.Random) -> LedgerProblem:
     names = [NAME0 + i for i in rng.sample(range(NUM_NAMES), spec.facts)]
     values = [VALUE0 + rng.randrange(NUM_VALUES) for _ in names]
-    fillers = [[FILLER0 + rng.randrange(NUM_FILLERS) for _ in range(spec.filler)] for _ in names]
     variables = [VAR0 + i for i in range(spec.variables)]
-    questions = names[:] + variables
-    rng.shuffle(questions)
-    if questions[0] >= VAR0:  # the first step must be a table look-up (a variable chains from the step before)
-        j = next(i for i, q in enumerate(questions) if q < VAR0)
-        questions[0], questions[j] = questions[j], questions[0]
+    order = names[:] + variables
+    rng.shuffle(order)
+    if order[0] >= VAR0:  # the first step must be a table look-up (a variable chains from the step before)
+        j = next(i for i, q in enumerate(order) if q < VAR0)
+        order[0], order[j] = order[j], order[0]
+    value_of = dict(zip(names, values))
 
-    content = user_content_ids(list(zip(names, values)), fillers, questions)
+    content: list[int] = []
+    pos_of_fact = {}  # token -> (absolute position of its value, value)
+    entry_pos = []  # absolute position of each entry's first token
+    for q in order:
+        entry_pos.append(3 + len(content))
+        if q >= VAR0:  # a variable's entry has no value: the solution defines it
+            content += [q] + [FILLER0 + rng.randrange(NUM_FILLERS) for _ in range(spec.filler + 1)]
+        else:
+            pos_of_fact[q] = (3 + len(content) + 1, value_of[q])
+            content += [q, value_of[q]] + [FILLER0 + rng.randrange(NUM_FILLERS) for _ in range(spec.filler)]
     prompt = [BOS, IM_START, USER] + content + [IM_END, IM_START, ASSISTANT]
-    pos_of_fact = {}  # token -> absolute position of its value (latest definition)
-    p = 3
-    for n, v in zip(names, values):
-        pos_of_fact[n] = (p + 1, v)
-        p += 2 + spec.filler
-    list_start = p + 1
 
     sol: list[int] = []
     lookups: list[tuple[int, int]] = []
@@ -140,14 +134,14 @@ def make_problem(spec: LedgerSpec, rng: random.Random) -> LedgerProblem:
             value_positions.append(start + 2)
         sol.extend([q, val] * (spec.scratch // 2))  # scratch: the step's fact restated (busy-work)
 
-    for i, q in enumerate(questions):
+    for i, q in enumerate(order):
         if q >= VAR0:
             u = succ(sol[-1])
-            emit_step(q, u, None, list_start + i)
+            emit_step(q, u, None, entry_pos[i])
             pos_of_fact[q] = (base + len(sol) - spec.step_len + 2, u)
         else:
             fpos, v = pos_of_fact[q]
-            emit_step(q, v, fpos, list_start + i)
+            emit_step(q, v, fpos, entry_pos[i])
     answer = []
     for x in variables:
         fpos, u = pos_of_fact[x]
@@ -175,6 +169,10 @@ def extract_answer(solution_ids: list[int], spec: LedgerSpec) -> str | None:
 def check(solution_ids: list[int], answer: str, spec: LedgerSpec) -> bool:
     """The task's checker: the final phase must state every variable's value correctly."""
     return extract_answer(solution_ids, spec) == answer
+
+
+def user_content_ids(problem: LedgerProblem) -> list[int]:
+    return problem.prompt_ids[3:-3]
 
 
 def prompt_text(problem: LedgerProblem) -> str:
