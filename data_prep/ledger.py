@@ -6,15 +6,15 @@ Prompt (inside the chat template): a table of T facts and K variable slots in ra
 
 Solution (what the model writes): one step per table entry, in table order, then one step per variable::
 
-    main phase, entry a name n:           n n v(n)  (n v(n)) × S/2
-    main phase, entry a variable x:       x x u     (x u) × S/2          with u = s(previous token)
-    final phase, for x00, x01, ..., x{K-1}:  x x val(x) (x val(x)) × S/2
+    main phase, entry a name n:           n n v(n)   c00 c01 ... c{S-1}
+    main phase, entry a variable x:       x x u      c00 ... c{S-1}      with u = s(value of the previous step)
+    final phase, for x00, x01, ..., x{K-1}:  x x val(x) c00 ... c{S-1}
     <|eos|>
 
-``s`` is the successor on the 64 value tokens (v63 -> v00). The S "scratch" tokens after each value restate
-the step's fact: local, predictable busy-work (a copy two tokens back) that no later step needs, since the
-fact's first statement serves. Ending every step with ``q v`` keeps the previous question two tokens before
-the next one whatever S is. Every solution token is predictable from its context (dense supervision):
+``s`` is the successor on the 64 value tokens (v63 -> v00). The S "scratch" tokens after each value are a
+fixed count c00, c01, ...: local, predictable busy-work that is never needed again, whose last token marks
+the end of the step (a repeated or arithmetic filler would make the step boundary a counting problem, which
+a 2-layer model does not learn). Every solution token is predictable from its context (dense supervision):
 
 * the subject of a step is the next table entry after the previous step's (find the previous subject in the
   table, move one entry on: a look-up into the prompt whose distance grows over the trace);
@@ -40,13 +40,15 @@ NUM_NAMES = 64
 NUM_VALUES = 64
 NUM_VARS = 32
 NUM_FILLERS = 8
+NUM_COUNTERS = 100  # scratch tokens c00, c01, ... (so a step's end is visible from the token itself)
 
 SPECIALS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>", "user", "assistant", "<|sep|>"]
 FILLERS = [f"f{i}" for i in range(NUM_FILLERS)]
 NAMES = [f"n{i:02d}" for i in range(NUM_NAMES)]
 VALUES = [f"v{i:02d}" for i in range(NUM_VALUES)]
 VARS = [f"x{i:02d}" for i in range(NUM_VARS)]
-VOCAB = SPECIALS + FILLERS + NAMES + VALUES + VARS
+COUNTERS = [f"c{i:02d}" for i in range(NUM_COUNTERS)]
+VOCAB = SPECIALS + FILLERS + NAMES + VALUES + VARS + COUNTERS
 TOKEN_ID = {t: i for i, t in enumerate(VOCAB)}
 
 PAD, BOS, EOS, IM_START, IM_END, USER, ASSISTANT, SEP = range(8)
@@ -54,6 +56,7 @@ FILLER0 = len(SPECIALS)
 NAME0 = FILLER0 + NUM_FILLERS
 VALUE0 = NAME0 + NUM_NAMES
 VAR0 = VALUE0 + NUM_VALUES
+COUNTER0 = VAR0 + NUM_VARS
 
 
 def succ(value_id: int) -> int:
@@ -75,8 +78,8 @@ class LedgerSpec:
             raise ValueError(f"ledger facts must be in 1..{NUM_NAMES}, got {self.facts}")
         if not 0 <= self.variables <= NUM_VARS:
             raise ValueError(f"ledger variables must be in 0..{NUM_VARS}, got {self.variables}")
-        if self.filler < 0 or self.scratch < 0 or self.scratch % 2:
-            raise ValueError(f"ledger filler must be >= 0 and scratch an even number >= 0, got {self.filler}, {self.scratch}")
+        if self.filler < 0 or not 0 <= self.scratch <= NUM_COUNTERS:
+            raise ValueError(f"ledger filler must be >= 0 and scratch in 0..{NUM_COUNTERS}, got {self.filler}, {self.scratch}")
 
     @property
     def step_len(self) -> int:
@@ -132,16 +135,19 @@ def make_problem(spec: LedgerSpec, rng: random.Random) -> LedgerProblem:
         if fact_pos is not None:
             lookups.append((start + 2, fact_pos))
             value_positions.append(start + 2)
-        sol.extend([q, val] * (spec.scratch // 2))  # scratch: the step's fact restated (busy-work)
+        sol.extend(range(COUNTER0, COUNTER0 + spec.scratch))  # scratch: c00 c01 ... (busy-work)
 
+    last_value = None
     for i, q in enumerate(order):
         if q >= VAR0:
-            u = succ(sol[-1])
+            u = succ(last_value)  # a value produced inside the solution, chained from the previous step
             emit_step(q, u, None, entry_pos[i])
             pos_of_fact[q] = (base + len(sol) - spec.step_len + 2, u)
+            last_value = u
         else:
             fpos, v = pos_of_fact[q]
             emit_step(q, v, fpos, entry_pos[i])
+            last_value = v
     answer = []
     for x in variables:
         fpos, u = pos_of_fact[x]

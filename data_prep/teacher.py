@@ -12,7 +12,7 @@ Writes ``OUT/`` (default ``foresight/assets/tiny-qwen3``): config.json, model.sa
 generation_config.json and ``teacher.json`` (recipe, curriculum log, held-out metrics). Checkpoints go to
 ``OUT/.train/`` atomically; a killed run resumes from the last one.
 
-    python -m data_prep.teacher --out foresight/assets/tiny-qwen3 --steps 20000
+    python -m data_prep.teacher --out foresight/assets/tiny-qwen3 --steps 22000
 """
 
 from __future__ import annotations
@@ -161,8 +161,20 @@ def train(out: Path, steps: int, seed: int, tokens_per_batch: int, eval_every: i
     ckpt = out / ".train" / "last.pt"
     if ckpt.exists():
         saved = torch.load(ckpt, weights_only=False)
-        model.load_state_dict(saved["model"])
-        opt.load_state_dict(saved["opt"])
+        old_vocab = saved["model"]["model.embed_tokens.weight"].shape[0]
+        if old_vocab < len(ledger.VOCAB):  # the vocabulary grew (new tokens appended): keep the trained rows
+            sd = model.state_dict()
+            for k, v in saved["model"].items():
+                if v.shape[0] == old_vocab and sd[k].shape[0] == len(ledger.VOCAB):
+                    sd[k][:old_vocab] = v
+                else:
+                    sd[k] = v
+            model.load_state_dict(sd)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.98), weight_decay=0.0)
+            log(f"vocabulary grew from {old_vocab} to {len(ledger.VOCAB)}; optimizer state reset")
+        else:
+            model.load_state_dict(saved["model"])
+            opt.load_state_dict(saved["opt"])
         state = saved["state"]
         torch.set_rng_state(saved["torch_rng"])
         log(f"resumed at step {state['step']} (stage {state['stage']})")
@@ -213,7 +225,7 @@ def train(out: Path, steps: int, seed: int, tokens_per_batch: int, eval_every: i
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("foresight/assets/tiny-qwen3"))
-    ap.add_argument("--steps", type=int, default=20000)
+    ap.add_argument("--steps", type=int, default=22000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tokens-per-batch", type=int, default=4096)
     ap.add_argument("--eval-every", type=int, default=250)

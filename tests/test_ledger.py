@@ -31,12 +31,12 @@ def test_every_solution_token_is_determined_by_its_context():
         order.append(e[0])
         if e[0] < ledger.VAR0:
             table[e[0]] = e[1]
-    sol = []
+    sol, last = [], None
     for q in order + [ledger.VAR0 + k for k in range(spec.variables)]:
         if q >= ledger.VAR0 and q not in table:
-            table[q] = ledger.succ(sol[-1])
-        v = table[q]
-        sol += [q, q, v] + [q, v] * (spec.scratch // 2)
+            table[q] = ledger.succ(last)
+        v = last = table[q]
+        sol += [q, q, v] + [ledger.COUNTER0 + k for k in range(spec.scratch)]
     assert sol + [ledger.EOS] == p.solution_ids
 
 
@@ -68,5 +68,5 @@ def test_tokenizer_round_trip_with_chat_template():
 def test_bad_spec_errors():
     with pytest.raises(ValueError, match="facts must be in 1..64"):
         ledger.LedgerSpec(facts=65)
-    with pytest.raises(ValueError, match="scratch an even number"):
-        ledger.LedgerSpec(scratch=3)
+    with pytest.raises(ValueError, match="scratch in 0..100"):
+        ledger.LedgerSpec(scratch=101)
