@@ -1,23 +1,27 @@
 """The "ledger" task: a synthetic reasoning task whose solutions need facts produced far back.
 
-Prompt (inside the chat template): a table of T facts and K variable slots in random order::
+Prompt (inside the chat template)::
 
-    n_1 v_1 f f f f   x_3 f f f f f   n_2 v_2 f f f f   ...      (name value filler×F | variable filler×(F+1))
+    table:  n_1 v_1 f f f f   n_2 v_2 f f f f  ...  n_T v_T f f f f      (T facts "name has value")
+    <|sep|>
+    list:   q_1 q_2 ... q_{T+K}        (every table name and every variable x00..x{K-1}, shuffled)
 
-Solution (what the model writes): one step per table entry, in table order, then one step per variable::
+Solution (what the model writes), one step per question of the list, then one step per variable::
 
-    main phase, entry a name n:           n n v(n)   c00 c01 ... c{S-1}
-    main phase, entry a variable x:       x x u      c00 ... c{S-1}      with u = s(value of the previous step)
-    final phase, for x00, x01, ..., x{K-1}:  x x val(x) c00 ... c{S-1}
+    main phase, question q a table name:  q q v(q)   (c00 q v(q)) (c01 q v(q)) ... (c{S/3-1} q v(q))
+    main phase, question q a variable:    q q u      (c00 q u) ...          with u = s(previous step's value)
+    final phase, for x00, x01, ..., x{K-1}:  x x val(x) (c00 x val(x)) ...
     <|eos|>
 
-``s`` is the successor on the 64 value tokens (v63 -> v00). The S "scratch" tokens after each value are a
-fixed count c00, c01, ...: local, predictable busy-work that is never needed again, whose last token marks
-the end of the step (a repeated or arithmetic filler would make the step boundary a counting problem, which
-a 2-layer model does not learn). Every solution token is predictable from its context (dense supervision):
+``s`` is the successor on the 64 value tokens (v63 -> v00). The S "scratch" tokens restate the step's fact
+behind a counter c00, c01, ...: local, predictable busy-work that no later step needs (the fact's first
+statement serves). The counter makes the end of a step visible from the tokens themselves, and every step
+ends with ``q v`` — a repeated or arithmetic filler would turn the step boundary into a counting problem,
+which a 2-layer model does not learn. Every solution token is predictable from its context (dense
+supervision):
 
-* the subject of a step is the next table entry after the previous step's (find the previous subject in the
-  table, move one entry on: a look-up into the prompt whose distance grows over the trace);
+* the question of a step is the token after the previous step's question in the list (an induction look-up
+  whose distance grows over the trace);
 * a table value is a content-addressed look-up into the prompt table (distance spread over the whole trace);
 * a variable's value is *produced inside the solution*: it is defined at a random point of the main phase
   and looked up again in the final phase, so keeping the prompt alone cannot answer it;
@@ -26,9 +30,9 @@ a 2-layer model does not learn). Every solution token is predictable from its co
 The answer is the final phase: the values of x00..x{K-1}. It is wrong if any table look-up before a
 variable's definition went wrong (the variable's value chains from it) or if a definition was evicted.
 
-Length: ``3 + (T+K)*(2+F) + 3`` prompt tokens (with the chat template) and ``(T+2K)*(3+S) + 1``
-solution tokens; the default (T=48, K=16, F=4, S=10) gives a 1,041-token solution; ``scratch`` scales it
-(S=96 gives 7,921 solution tokens).
+Length: ``3 + T*(2+F) + 1 + (T+K) + 3`` prompt tokens (with the chat template) and ``(T+2K)*(3+S) + 1``
+solution tokens; the default (T=48, K=16, F=4, S=12) gives a 359-token prompt and a 1,201-token solution;
+``scratch`` scales it (S=96 gives 7,921 solution tokens).
 """
 
 from __future__ import annotations
@@ -71,15 +75,16 @@ class LedgerSpec:
     facts: int = 48  # T: table entries in the prompt
     variables: int = 16  # K: variables defined in the solution and read back in the final phase
     filler: int = 4  # F: filler tokens after each table entry (never needed)
-    scratch: int = 10  # S: successor tokens after each step's value (never needed)
+    scratch: int = 12  # S: busy-work tokens after each step's value (never needed), a multiple of 3
 
     def __post_init__(self):
         if not 1 <= self.facts <= NUM_NAMES:
             raise ValueError(f"ledger facts must be in 1..{NUM_NAMES}, got {self.facts}")
         if not 0 <= self.variables <= NUM_VARS:
             raise ValueError(f"ledger variables must be in 0..{NUM_VARS}, got {self.variables}")
-        if self.filler < 0 or not 0 <= self.scratch <= NUM_COUNTERS:
-            raise ValueError(f"ledger filler must be >= 0 and scratch in 0..{NUM_COUNTERS}, got {self.filler}, {self.scratch}")
+        if self.filler < 0 or self.scratch < 0 or self.scratch % 3 or self.scratch // 3 > NUM_COUNTERS:
+            raise ValueError(f"ledger filler must be >= 0 and scratch a multiple of 3 up to {3 * NUM_COUNTERS}, "
+                             f"got {self.filler}, {self.scratch}")
 
     @property
     def step_len(self) -> int:
@@ -99,28 +104,32 @@ class LedgerProblem:
     value_positions: list[int]  # absolute positions of looked-up values (table and variable look-ups)
 
 
+def user_content_ids(facts: list[tuple[int, int]], fillers: list[list[int]], questions: list[int]) -> list[int]:
+    ids: list[int] = []
+    for (n, v), f in zip(facts, fillers):
+        ids += [n, v] + f
+    return ids + [SEP] + questions
+
+
 def make_problem(spec: LedgerSpec, rng: random.Random) -> LedgerProblem:
     names = [NAME0 + i for i in rng.sample(range(NUM_NAMES), spec.facts)]
     values = [VALUE0 + rng.randrange(NUM_VALUES) for _ in names]
+    fillers = [[FILLER0 + rng.randrange(NUM_FILLERS) for _ in range(spec.filler)] for _ in names]
     variables = [VAR0 + i for i in range(spec.variables)]
-    order = names[:] + variables
-    rng.shuffle(order)
-    if order[0] >= VAR0:  # the first step must be a table look-up (a variable chains from the step before)
-        j = next(i for i, q in enumerate(order) if q < VAR0)
-        order[0], order[j] = order[j], order[0]
-    value_of = dict(zip(names, values))
+    questions = names[:] + variables
+    rng.shuffle(questions)
+    if questions[0] >= VAR0:  # the first step must be a table look-up (a variable chains from the step before)
+        j = next(i for i, q in enumerate(questions) if q < VAR0)
+        questions[0], questions[j] = questions[j], questions[0]
 
-    content: list[int] = []
-    pos_of_fact = {}  # token -> (absolute position of its value, value)
-    entry_pos = []  # absolute position of each entry's first token
-    for q in order:
-        entry_pos.append(3 + len(content))
-        if q >= VAR0:  # a variable's entry has no value: the solution defines it
-            content += [q] + [FILLER0 + rng.randrange(NUM_FILLERS) for _ in range(spec.filler + 1)]
-        else:
-            pos_of_fact[q] = (3 + len(content) + 1, value_of[q])
-            content += [q, value_of[q]] + [FILLER0 + rng.randrange(NUM_FILLERS) for _ in range(spec.filler)]
+    content = user_content_ids(list(zip(names, values)), fillers, questions)
     prompt = [BOS, IM_START, USER] + content + [IM_END, IM_START, ASSISTANT]
+    pos_of_fact = {}  # token -> absolute position of its value (latest definition)
+    p = 3
+    for n, v in zip(names, values):
+        pos_of_fact[n] = (p + 1, v)
+        p += 2 + spec.filler
+    list_start = p + 1
 
     sol: list[int] = []
     lookups: list[tuple[int, int]] = []
@@ -135,19 +144,17 @@ def make_problem(spec: LedgerSpec, rng: random.Random) -> LedgerProblem:
         if fact_pos is not None:
             lookups.append((start + 2, fact_pos))
             value_positions.append(start + 2)
-        sol.extend(range(COUNTER0, COUNTER0 + spec.scratch))  # scratch: c00 c01 ... (busy-work)
+        for k in range(spec.scratch // 3):  # scratch: (counter, subject, value) triples (busy-work)
+            sol.extend([COUNTER0 + k, q, val])
 
-    last_value = None
-    for i, q in enumerate(order):
+    for i, q in enumerate(questions):
         if q >= VAR0:
-            u = succ(last_value)  # a value produced inside the solution, chained from the previous step
-            emit_step(q, u, None, entry_pos[i])
+            u = succ(sol[-1])  # every step ends with its value: a value produced inside the solution
+            emit_step(q, u, None, list_start + i)
             pos_of_fact[q] = (base + len(sol) - spec.step_len + 2, u)
-            last_value = u
         else:
             fpos, v = pos_of_fact[q]
-            emit_step(q, v, fpos, entry_pos[i])
-            last_value = v
+            emit_step(q, v, fpos, list_start + i)
     answer = []
     for x in variables:
         fpos, u = pos_of_fact[x]
@@ -175,10 +182,6 @@ def extract_answer(solution_ids: list[int], spec: LedgerSpec) -> str | None:
 def check(solution_ids: list[int], answer: str, spec: LedgerSpec) -> bool:
     """The task's checker: the final phase must state every variable's value correctly."""
     return extract_answer(solution_ids, spec) == answer
-
-
-def user_content_ids(problem: LedgerProblem) -> list[int]:
-    return problem.prompt_ids[3:-3]
 
 
 def prompt_text(problem: LedgerProblem) -> str:

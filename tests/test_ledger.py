@@ -9,8 +9,8 @@ from data_prep.tokenizer import build_tokenizer
 def test_problem_structure_and_checker():
     spec = ledger.LedgerSpec()
     p = ledger.make_problem(spec, random.Random(0))
-    assert len(p.solution_ids) == spec.solution_len == 1041 and p.solution_ids[-1] == ledger.EOS
-    assert len(p.prompt_ids) == 3 + (spec.facts + spec.variables) * (2 + spec.filler) + 3
+    assert len(p.solution_ids) == spec.solution_len == 1201 and p.solution_ids[-1] == ledger.EOS
+    assert len(p.prompt_ids) == 3 + spec.facts * (2 + spec.filler) + 1 + spec.facts + spec.variables + 3 == 359
     assert ledger.check(p.solution_ids, p.answer, spec)
     # one wrong variable value breaks the answer
     bad = list(p.solution_ids)
@@ -22,28 +22,29 @@ def test_problem_structure_and_checker():
 
 def test_every_solution_token_is_determined_by_its_context():
     """Re-derive the solution from the prompt alone with the task's rules (dense supervision)."""
-    spec = ledger.LedgerSpec(facts=10, variables=4, filler=2, scratch=4)
+    spec = ledger.LedgerSpec(facts=10, variables=4, filler=2, scratch=6)
     p = ledger.make_problem(spec, random.Random(3))
     content = p.prompt_ids[3:-3]
-    table, order = {}, []
-    for i in range(0, len(content), 2 + spec.filler):
-        e = content[i:i + 2 + spec.filler]
-        order.append(e[0])
-        if e[0] < ledger.VAR0:
-            table[e[0]] = e[1]
-    sol, last = [], None
-    for q in order + [ledger.VAR0 + k for k in range(spec.variables)]:
+    table = {}
+    for i in range(spec.facts):
+        e = content[i * (2 + spec.filler):(i + 1) * (2 + spec.filler)]
+        table[e[0]] = e[1]
+    questions = content[spec.facts * (2 + spec.filler) + 1:]
+    sol = []
+    for q in questions + [ledger.VAR0 + k for k in range(spec.variables)]:
         if q >= ledger.VAR0 and q not in table:
-            table[q] = ledger.succ(last)
-        v = last = table[q]
-        sol += [q, q, v] + [ledger.COUNTER0 + k for k in range(spec.scratch)]
+            table[q] = ledger.succ(sol[-1])
+        v = table[q]
+        sol += [q, q, v]
+        for k in range(spec.scratch // 3):
+            sol += [ledger.COUNTER0 + k, q, v]
     assert sol + [ledger.EOS] == p.solution_ids
 
 
 def test_lookup_distances_spread_and_scale_with_scratch():
     probs = [ledger.make_problem(ledger.LedgerSpec(), random.Random(i)) for i in range(30)]
     shares = ledger.lookup_distance_shares(probs)
-    assert shares[">256"] > 0.5 and shares[">512"] > 0.3 and shares["max"] > 900
+    assert shares[">256"] > 0.5 and shares[">512"] > 0.3 and shares["max"] > 1024
     long = ledger.LedgerSpec(scratch=96)
     assert long.solution_len == 7921
 
@@ -68,5 +69,5 @@ def test_tokenizer_round_trip_with_chat_template():
 def test_bad_spec_errors():
     with pytest.raises(ValueError, match="facts must be in 1..64"):
         ledger.LedgerSpec(facts=65)
-    with pytest.raises(ValueError, match="scratch in 0..100"):
-        ledger.LedgerSpec(scratch=101)
+    with pytest.raises(ValueError, match="scratch a multiple of 3"):
+        ledger.LedgerSpec(scratch=10)
