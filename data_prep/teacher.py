@@ -142,7 +142,7 @@ def atomic_torch_save(obj, path: Path):
 
 
 def train(out: Path, steps: int, seed: int, tokens_per_batch: int, eval_every: int, advance_at: list[float],
-          cooldown: float, ckpt_every: int, log=print) -> dict:
+          cooldown: float, ckpt_every: int, log=print, min_exact: float = 0.5, force_stage: int | None = None) -> dict:
     torch.manual_seed(seed)
     torch.set_num_threads(int(os.environ.get("FORESIGHT_THREADS", os.cpu_count() or 1)))
     model = Qwen3ForCausalLM(model_config())
@@ -178,6 +178,9 @@ def train(out: Path, steps: int, seed: int, tokens_per_batch: int, eval_every: i
         state = saved["state"]
         torch.set_rng_state(saved["torch_rng"])
         log(f"resumed at step {state['step']} (stage {state['stage']})")
+        if force_stage is not None:
+            state["stage"] = force_stage
+            log(f"stage set to {force_stage}")
     rng = random.Random()
     rng.setstate(state["rng"])
     t0 = time.time()
@@ -211,7 +214,9 @@ def train(out: Path, steps: int, seed: int, tokens_per_batch: int, eval_every: i
             state["log"].append(entry)
             log(json.dumps(entry))
             threshold = advance_at[min(state["stage"], len(advance_at) - 1)]
-            if m["value_acc"] > threshold and state["stage"] < len(CURRICULUM) - 1:
+            # advance on look-ups *and* whole solutions: value accuracy alone let a stage pass while the
+            # question copy was still wrong (teacher forcing hides it)
+            if m["value_acc"] > threshold and m["exact"] >= min_exact and state["stage"] < len(CURRICULUM) - 1:
                 state["stage"] += 1
                 log(f"advance to stage {state['stage']}: {CURRICULUM[state['stage']]}")
         if state["step"] % ckpt_every == 0:
@@ -233,13 +238,15 @@ def main(argv=None):
     # plateaus near 0.87 value accuracy, and the longer stages that follow separate the definitions
     ap.add_argument("--advance-at", type=lambda s: [float(x) for x in s.split(",")], default=[0.9, 0.85, 0.9])
     ap.add_argument("--cooldown", type=float, default=0.2)
+    ap.add_argument("--min-exact", type=float, default=0.5, help="teacher-forced exact rate needed to advance")
+    ap.add_argument("--stage", type=int, default=None, help="on resume, continue at this curriculum stage")
     ap.add_argument("--ckpt-every", type=int, default=250)
     ap.add_argument("--heldout", type=int, default=200)
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     res = train(a.out, a.steps, a.seed, a.tokens_per_batch, a.eval_every, a.advance_at, a.cooldown, a.ckpt_every,
-                log=lambda s: print(s, flush=True))
+                log=lambda s: print(s, flush=True), min_exact=a.min_exact, force_stage=a.stage)
     model, state = res["model"], res["state"]
     default = ledger.LedgerSpec()
     metrics = {"teacher_forced": teacher_forced_eval(model, default, a.heldout, seed=777),
