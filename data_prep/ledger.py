@@ -31,7 +31,7 @@ The answer is the final phase: the values of x00..x{K-1}. It is wrong if any tab
 variable's definition went wrong (the variable's value chains from it) or if a definition was evicted.
 
 Length: ``3 + T*(2+F) + 1 + (T+K) + 3`` prompt tokens (with the chat template) and ``(T+2K)*(3+S) + 1``
-solution tokens; the default (T=48, K=16, F=4, S=12) gives a 359-token prompt and a 1,201-token solution;
+solution tokens; the default (T=48, K=16, F=0, S=12) gives a 167-token prompt and a 1,201-token solution;
 ``scratch`` scales it (S=96 gives 7,921 solution tokens).
 """
 
@@ -74,7 +74,7 @@ class LedgerSpec:
 
     facts: int = 48  # T: table entries in the prompt
     variables: int = 16  # K: variables defined in the solution and read back in the final phase
-    filler: int = 4  # F: filler tokens after each table entry (never needed)
+    filler: int = 0  # F: filler tokens after each table entry (never needed; the teacher is trained at 0)
     scratch: int = 12  # S: busy-work tokens after each step's value (never needed), a multiple of 3
 
     def __post_init__(self):

@@ -35,8 +35,8 @@ CURRICULUM = [
     ledger.LedgerSpec(facts=16, variables=0, filler=0, scratch=0),  # the measured A3 start: look-ups form here
     ledger.LedgerSpec(facts=16, variables=16, filler=0, scratch=0),
     ledger.LedgerSpec(facts=24, variables=16, filler=0, scratch=3),
-    ledger.LedgerSpec(facts=48, variables=16, filler=2, scratch=6),
-    ledger.LedgerSpec(facts=48, variables=16, filler=4, scratch=12),
+    ledger.LedgerSpec(facts=48, variables=16, filler=0, scratch=6),
+    ledger.LedgerSpec(facts=48, variables=16, filler=0, scratch=12),
 ]
 
 

@@ -34,8 +34,8 @@ class TaskConfig:
     kind: str = "ledger"  # ledger (the synthetic task) | math (\boxed{} answers) | none (keep by length only)
     facts: int = 48
     variables: int = 16
-    filler: int = 4
-    scratch: int = 10
+    filler: int = 0
+    scratch: int = 12
     system_prompt: str | None = None
     instruction: str | None = None  # text appended to each math prompt (the paper's \boxed{} request)
 
@@ -49,7 +49,7 @@ class TracesConfig:
     prompt_column: str = "prompt"
     answer_column: str = "answer"
     min_new_tokens: int = 1000  # keep traces whose solution is at least this long
-    max_new_tokens: int = 1100
+    max_new_tokens: int = 1300
     batch_size: int = 16
     do_sample: bool = False
     temperature: float = 0.6

@@ -10,7 +10,7 @@ def test_problem_structure_and_checker():
     spec = ledger.LedgerSpec()
     p = ledger.make_problem(spec, random.Random(0))
     assert len(p.solution_ids) == spec.solution_len == 1201 and p.solution_ids[-1] == ledger.EOS
-    assert len(p.prompt_ids) == 3 + spec.facts * (2 + spec.filler) + 1 + spec.facts + spec.variables + 3 == 359
+    assert len(p.prompt_ids) == 3 + spec.facts * (2 + spec.filler) + 1 + spec.facts + spec.variables + 3 == 167
     assert ledger.check(p.solution_ids, p.answer, spec)
     # one wrong variable value breaks the answer
     bad = list(p.solution_ids)
