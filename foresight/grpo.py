@@ -11,12 +11,18 @@
   log-probability is the exact Plackett–Luce set probability under the Top-2L sampler
   (:func:`foresight.selection.set_logprob`; the released code uses an independent softmax over all
   candidates, which is not the law it samples from). It is recomputed for the updated scorers from the stored
-  per-step scorer inputs, without re-running the LLM. Memory for that: steps × layers × G × kv_heads ×
+  per-step scorer inputs, without re-running the LLM, over the behaviour policy's Top-2L window (the window
+  is a deterministic truncation, held fixed like top-k truncation in language-model RL, so an updated policy
+  never assigns a drawn action probability 0). Memory for that: steps × layers × G × kv_heads ×
   (B+L) × D_in floats per trace — for Qwen3-4B at 32k (124 steps, 36 layers, G=8, 8 heads, 1,280 slots,
   D_in=288, bf16) about 21 GB per trace, so the GPU recipes keep them in CPU memory and stream them per step.
 * **Objective** (minimised), per row with ratio ``ρ = exp(log π_θ − log π_old)``::
 
-      −min(ρ·A, clip(ρ, 1−ε, 1+ε)·A) + β·k3,    k3 = exp(log π_ref − log π_θ) − (log π_ref − log π_θ) − 1
+      −min(ρ·A, clip(ρ, 1−ε, 1+ε)·A) + β·k3,    k3 = exp(δ) − δ − 1,   δ = (log π_ref − log π_θ) / L
+
+  with the per-eviction ratio ``ρ = exp((log π_θ − log π_old) / L)`` (L evictions per row: the set's
+  log-ratio shared out over its draws, like GRPO's per-token ratios; the whole-set ratio of 64..256 draws
+  leaves the clip range after any update),
 
   averaged over rows, steps and traces, optimised for ``grpo.epochs`` (μ ≥ 1) passes over each batch so the
   clip can act. ``π_ref`` is the frozen SFT scorer bank.
@@ -41,7 +47,13 @@ from foresight.models import describe, load_model
 from foresight.reward import reward as compute_reward
 from foresight.rollout import rollout
 from foresight.scorer import LearnedPolicy, load_scorer, save_scorer
-from foresight.selection import set_logprob
+from foresight.selection import candidate_window, window_set_logprob
+
+
+def window_logits(scores, win, evictable, temperature):
+    """Scores of a fixed Top-2L window (slots ``win``), divided by the sampler's temperature."""
+    z = scores.float().masked_fill(~evictable, float("-inf")).gather(-1, win)
+    return z / temperature
 from foresight.sft import atomic_save, lr_lambda, split_traces
 from foresight.traces import load_traces
 
@@ -52,11 +64,16 @@ def group_advantage(r: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return (r - r.mean()) / (nanstd(r) + eps)
 
 
-def clipped_objective(lp_new, lp_old, lp_ref, adv, clip_eps: float, beta: float):
-    """Per-row loss terms (to be averaged): lp_* [..., G, ...] broadcastable with adv. Returns (loss, stats)."""
-    ratio = torch.exp(lp_new - lp_old)
+def clipped_objective(lp_new, lp_old, lp_ref, adv, clip_eps: float, beta: float, n_actions: int = 1):
+    """Per-row loss terms (to be averaged): lp_* [..., G, ...] broadcastable with adv. Returns (loss, stats).
+
+    ``n_actions``: evictions in each row's action set; log-ratios are taken per eviction (divided by it, the
+    analogue of GRPO's per-token ratios), since the ratio of a whole set of L = 64..256 draws leaves [1−ε, 1+ε]
+    after any update. Log-ratios are clamped to ±20 so that an action outside the current Top-2L window
+    (log-prob NEG) cannot make the objective infinite."""
+    ratio = torch.exp(((lp_new - lp_old) / n_actions).clamp(-20.0, 20.0))
     surr = torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)
-    d = lp_ref - lp_new
+    d = ((lp_ref - lp_new) / n_actions).clamp(-20.0, 20.0)
     kl = torch.exp(d) - d - 1
     loss = (-surr + beta * kl).mean()
     clipped = ((ratio < 1 - clip_eps) | (ratio > 1 + clip_eps)).float().mean()
@@ -70,8 +87,11 @@ def group_rollout(model, bank, ids: torch.Tensor, G: int, cc, temperature: float
 
     def rec(st):
         x = bank.inputs(st["view"])
-        lp = set_logprob(st["scores"], st["evictable"], st["chosen"], temperature)
-        steps.append({"x": x, "evictable": st["evictable"], "chosen": st["chosen"], "lp_old": lp})
+        k = st["chosen"].shape[-1]
+        win, _ = candidate_window(st["scores"], st["evictable"], k)  # the behaviour policy's Top-2L window
+        pos = (st["chosen"].unsqueeze(-1) == win.unsqueeze(-2)).float().argmax(-1)
+        lp = window_set_logprob(window_logits(st["scores"], win, st["evictable"], temperature), pos)
+        steps.append({"x": x, "win": win, "pos": pos, "evictable": st["evictable"], "lp_old": lp})
 
     res = rollout(model, ids.expand(G, -1), LearnedPolicy(bank), cc.budget, cc.interval, sinks=cc.sinks,
                   protect_prompt=cc.protect_prompt, prompt_len=prompt_len, selection="sample",
@@ -183,16 +203,20 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
             for steps, r, adv in groups:
                 if not steps:
                     continue
+                trace_losses = []
                 for s in steps:
                     phi = bank(s["x"])
                     with torch.no_grad():
                         phi_ref = ref(s["x"])
-                    lp_new = set_logprob(phi, s["evictable"], s["chosen"], g.temperature)
-                    lp_ref = set_logprob(phi_ref, s["evictable"], s["chosen"], g.temperature)
-                    loss, st = clipped_objective(lp_new, s["lp_old"], lp_ref, adv.view(1, -1, 1), g.clip_eps, g.beta)
-                    losses.append(loss)
+                    lp_new = window_set_logprob(window_logits(phi, s["win"], s["evictable"], g.temperature), s["pos"])
+                    lp_ref = window_set_logprob(window_logits(phi_ref, s["win"], s["evictable"], g.temperature),
+                                                s["pos"])
+                    loss, st = clipped_objective(lp_new, s["lp_old"], lp_ref, adv.view(1, -1, 1), g.clip_eps, g.beta,
+                                                 n_actions=s["pos"].shape[-1])
+                    trace_losses.append(loss)
                     kls.append(st["kl"])
                     clips.append(st["clip_frac"])
+                losses.append(torch.stack(trace_losses).mean())  # mean over a trace's steps, then over traces
             if not losses:
                 raise ValueError("no eviction happened in this batch: traces are shorter than B + L")
             loss = torch.stack(losses).mean()

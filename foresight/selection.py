@@ -93,6 +93,13 @@ def set_logprob(scores, evictable, chosen, temperature: float = 1.0, grid: int =
     """log P(the set ``chosen`` [..., k], any order) under the Top-2L Plackett–Luce sampler."""
     k = chosen.shape[-1]
     z, pos, inside = _window_logits(scores, evictable, chosen, k, temperature)
+    lp = window_set_logprob(z, pos, grid)
+    return torch.where(inside.all(-1), lp, torch.full_like(lp, NEG))
+
+
+def window_set_logprob(z: torch.Tensor, pos: torch.Tensor, grid: int = 512) -> torch.Tensor:
+    """log P(the set of window positions ``pos`` [..., k]) for Plackett–Luce draws over window logits ``z``
+    [..., m] (-inf marks an empty window slot). Used with a fixed window by GRPO (the behaviour policy's)."""
     m = z.shape[-1]
     in_set = torch.nn.functional.one_hot(pos, m).sum(-2).bool()  # [..., m]
     zmax = z.masked_fill(~torch.isfinite(z), float("-inf")).amax(-1, keepdim=True)
@@ -128,8 +135,7 @@ def set_logprob(scores, evictable, chosen, temperature: float = 1.0, grid: int =
     trap = torch.full((grid,), 1.0, dtype=torch.float64, device=z.device)
     trap[0] = trap[-1] = 0.5
     lp = (torch.logsumexp(log_f(s1) + trap.log(), dim=-1) + h.log()).to(z.dtype)
-    lp = torch.where(no_rest, torch.zeros_like(lp), lp)
-    return torch.where(inside.all(-1), lp, torch.full_like(lp, NEG))
+    return torch.where(no_rest, torch.zeros_like(lp), lp)
 
 
 def brute_force_set_logprob(z: torch.Tensor, chosen: list[int]) -> float:
