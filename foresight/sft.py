@@ -150,23 +150,24 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
     bank = bank_for_model(model, recipe.scorer.hidden, recipe.scorer.activation, recipe.scorer.features, cfg.seed)
     opt = torch.optim.Adam(bank.parameters(), lr=cfg.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, cfg.warmup, cfg.steps, cfg.schedule))
-    engine = None
-    ds_cfg = deepspeed_config or cfg.deepspeed
-    if ds_cfg:
-        engine = _deepspeed_engine(bank, opt, sched, ds_cfg, cfg)
     start = 0
     ckpt = out / "ckpt" / "state.pt"
-    if resume:
+    if resume:  # before DeepSpeed wraps the bank and optimizer (ZeRO partitions what is loaded here)
         if not ckpt.exists():
             raise FileNotFoundError(f"--resume: no checkpoint at {ckpt}")
         st = torch.load(ckpt, weights_only=False, map_location="cpu")
         bank.load_state_dict(st["bank"])
-        opt.load_state_dict(st["opt"])
+        if st.get("opt") is not None:
+            opt.load_state_dict(st["opt"])
         sched.load_state_dict(st["sched"])
         start = st["step"]
         log(f"[sft] resumed at step {start}")
     elif rank == 0 and ckpt.exists():
         raise ValueError(f"{out} already holds an SFT run; pass --resume to continue it or choose a new --out")
+    engine = None
+    ds_cfg = deepspeed_config or cfg.deepspeed
+    if ds_cfg:
+        engine = _deepspeed_engine(bank, opt, sched, ds_cfg, cfg)
 
     cache_examples: dict[int, list] = {}
 
@@ -219,9 +220,12 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
             for layer, r in enumerate(rec.tolist()):
                 writer.add_scalar(f"sft/recall@L/layer{layer}", r, step)
         bar.set_postfix(loss=f"{last['loss']:.4f}", recall=f"{last['recall']:.3f}")
-        if rank == 0 and ((step + 1) % cfg.ckpt_every == 0 or step + 1 == cfg.steps):
-            atomic_save({"bank": bank.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
-                         "step": step + 1}, ckpt)
+        if (step + 1) % cfg.ckpt_every == 0 or step + 1 == cfg.steps:
+            weights = full_state_dict(bank, engine)  # collective under ZeRO-3: every rank takes part
+            if rank == 0:
+                # under DeepSpeed the Adam moments live in its partitions: a resumed DeepSpeed run restarts them
+                atomic_save({"bank": weights, "opt": opt.state_dict() if engine is None else None,
+                             "sched": sched.state_dict(), "step": step + 1}, ckpt)
     train_seconds = time.time() - t0
     metrics = {"train_loss": round(last.get("loss", float("nan")), 5),
                "train_recall_at_L": round(last.get("recall", float("nan")), 4), "steps": cfg.steps,
@@ -232,12 +236,16 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
         metrics["val_loss"] = round(torch.stack([v[0] for v in vals]).mean().item(), 5)
         metrics["val_recall_at_L"] = round(torch.stack([v[1] for v in vals]).mean().item(), 4)
         metrics["val_recall_at_L_per_layer"] = [round(x, 4) for x in torch.stack([v[1] for v in vals]).mean(0).tolist()]
+    weights = full_state_dict(bank, engine)
     if world > 1:  # every rank's final weights, so that multi-process runs can be checked for agreement
         from safetensors.torch import save_file
 
         (out / "ckpt").mkdir(parents=True, exist_ok=True)
-        save_file({k: v.detach().float().contiguous().cpu() for k, v in bank.state_dict().items()},
+        save_file({k: v.detach().float().contiguous().cpu() for k, v in weights.items()},
                   str(out / "ckpt" / f"final-rank{rank}.safetensors"))
+    if engine is not None and engine.zero_optimization_stage() == 3:
+        bank = bank_for_model(model, recipe.scorer.hidden, recipe.scorer.activation, recipe.scorer.features)
+        bank.load_state_dict(weights)  # a plain, unpartitioned copy for saving and for the caller
     if rank == 0:
         save_scorer(bank, out, describe(model) | {"revision": recipe.model.revision, "path": recipe.model.path,
                                                   "gguf_file": recipe.model.gguf_file},
@@ -249,6 +257,16 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
         log(f"[sft] done: {json.dumps(metrics)}")
     distributed.barrier()
     return bank, metrics
+
+
+def full_state_dict(bank, engine) -> dict:
+    """The bank's full weights; under ZeRO-3 the partitions are gathered (a collective: call on every rank)."""
+    if engine is not None and engine.zero_optimization_stage() == 3:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(bank.parameters()), modifier_rank=None):
+            return {k: v.detach().clone() for k, v in bank.state_dict().items()}
+    return {k: v.detach().clone() for k, v in bank.state_dict().items()}
 
 
 def _deepspeed_engine(bank, opt, sched, ds_cfg, cfg):

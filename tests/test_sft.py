@@ -96,7 +96,7 @@ def test_scorer_checkpoint_refuses_another_model(sft_setup, tmp_path):
         load_scorer(out, tiny_qwen3(head_dim=8))
 
 
-@pytest.mark.parametrize("zero", ["zero2"])
+@pytest.mark.parametrize("zero", ["zero2", "zero3"])
 def test_deepspeed_two_processes_equal_one_process_on_the_combined_batch(sft_setup, tmp_path, zero):
     from safetensors.torch import load_file
 
