@@ -49,13 +49,14 @@ from foresight.rollout import rollout
 from foresight.scorer import LearnedPolicy, load_scorer, save_scorer
 from foresight.selection import candidate_window, window_set_logprob
 
+from foresight.sft import atomic_save, load_checkpoint, lr_lambda, split_traces
+from foresight.traces import load_traces
+
 
 def window_logits(scores, win, evictable, temperature):
     """Scores of a fixed Top-2L window (slots ``win``), divided by the sampler's temperature."""
     z = scores.float().masked_fill(~evictable, float("-inf")).gather(-1, win)
     return z / temperature
-from foresight.sft import atomic_save, lr_lambda, split_traces
-from foresight.traces import load_traces
 
 
 def group_advantage(r: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -148,6 +149,8 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
     train_idx, val_idx = split_traces(len(ds), 2)
     opt = torch.optim.Adam(bank.parameters(), lr=g.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, g.warmup, g.steps, "constant"))
+    ckpt = out / "ckpt" / "state.pt"
+    start = load_checkpoint(ckpt, resume, rank, bank, opt, sched, "GRPO", log)
     engine = None
     if deepspeed_config or g.deepspeed:
         from foresight.sft import _deepspeed_engine
@@ -157,19 +160,6 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
 
         # the scheduler stays ours: GRPO takes `epochs` optimiser steps per training step
         engine = _deepspeed_engine(bank, opt, None, deepspeed_config or g.deepspeed, _C)
-    start = 0
-    ckpt = out / "ckpt" / "state.pt"
-    if resume:
-        if not ckpt.exists():
-            raise FileNotFoundError(f"--resume: no checkpoint at {ckpt}")
-        st = torch.load(ckpt, weights_only=False, map_location="cpu")
-        bank.load_state_dict(st["bank"])
-        opt.load_state_dict(st["opt"])
-        sched.load_state_dict(st["sched"])
-        start = st["step"]
-        log(f"[grpo] resumed at step {start}")
-    elif rank == 0 and ckpt.exists():
-        raise ValueError(f"{out} already holds a GRPO run; pass --resume to continue it or choose a new --out")
     writer = None
     if rank == 0:
         from torch.utils.tensorboard import SummaryWriter
@@ -243,7 +233,8 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
                 v = validate(model, bank, ds, val_idx, cc, g)
                 for k, val in v.items():
                     writer.add_scalar(f"grpo/{k}", val, step)
-            atomic_save({"bank": bank.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+            atomic_save({"bank": bank.state_dict(), "opt": opt.state_dict() if engine is None else None,
+                         "sched": sched.state_dict(),
                          "step": step + 1}, ckpt)
     metrics = {"steps": g.steps, "group": g.group, "train_seconds_this_run": round(time.time() - t0, 1)}
     if hist:

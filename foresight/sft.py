@@ -126,6 +126,25 @@ def atomic_save(obj, path: Path):
     os.replace(tmp, path)
 
 
+def load_checkpoint(ckpt: Path, resume: bool, rank: int, bank, opt, sched, stage: str, log=print) -> int:
+    """``--resume``: restore bank, optimizer (when saved) and schedule from ``ckpt``; returns the step to start
+    at. Without ``--resume`` a folder that already holds a run of this stage is refused (nothing is lost)."""
+    if not resume:
+        if rank == 0 and ckpt.exists():
+            raise ValueError(f"{ckpt.parent.parent} already holds a {stage} run; pass --resume to continue it "
+                             "or choose a new --out")
+        return 0
+    if not ckpt.exists():
+        raise FileNotFoundError(f"--resume: no checkpoint at {ckpt}")
+    st = torch.load(ckpt, weights_only=False, map_location="cpu")
+    bank.load_state_dict(st["bank"])
+    if st.get("opt") is not None:
+        opt.load_state_dict(st["opt"])
+    sched.load_state_dict(st["sched"])
+    log(f"[{stage.lower()}] resumed at step {st['step']}")
+    return st["step"]
+
+
 def split_traces(n: int, val: int) -> tuple[list[int], list[int]]:
     val = min(val, n // 4)
     return list(range(n - val)), list(range(n - val, n))
@@ -150,20 +169,9 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
     bank = bank_for_model(model, recipe.scorer.hidden, recipe.scorer.activation, recipe.scorer.features, cfg.seed)
     opt = torch.optim.Adam(bank.parameters(), lr=cfg.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, cfg.warmup, cfg.steps, cfg.schedule))
-    start = 0
     ckpt = out / "ckpt" / "state.pt"
-    if resume:  # before DeepSpeed wraps the bank and optimizer (ZeRO partitions what is loaded here)
-        if not ckpt.exists():
-            raise FileNotFoundError(f"--resume: no checkpoint at {ckpt}")
-        st = torch.load(ckpt, weights_only=False, map_location="cpu")
-        bank.load_state_dict(st["bank"])
-        if st.get("opt") is not None:
-            opt.load_state_dict(st["opt"])
-        sched.load_state_dict(st["sched"])
-        start = st["step"]
-        log(f"[sft] resumed at step {start}")
-    elif rank == 0 and ckpt.exists():
-        raise ValueError(f"{out} already holds an SFT run; pass --resume to continue it or choose a new --out")
+    # before DeepSpeed wraps the bank and optimizer (ZeRO partitions what is loaded here)
+    start = load_checkpoint(ckpt, resume, rank, bank, opt, sched, "SFT", log)
     engine = None
     ds_cfg = deepspeed_config or cfg.deepspeed
     if ds_cfg:
