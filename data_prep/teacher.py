@@ -12,7 +12,7 @@ Writes ``OUT/`` (default ``foresight/assets/tiny-qwen3``): config.json, model.sa
 generation_config.json and ``teacher.json`` (recipe, curriculum log, held-out metrics). Checkpoints go to
 ``OUT/.train/`` atomically; a killed run resumes from the last one.
 
-    python -m data_prep.teacher --out foresight/assets/tiny-qwen3 --steps 22000
+    python -m data_prep.teacher --out foresight/assets/tiny-qwen3 --steps 20800
 """
 
 from __future__ import annotations
@@ -230,7 +230,7 @@ def train(out: Path, steps: int, seed: int, tokens_per_batch: int, eval_every: i
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("foresight/assets/tiny-qwen3"))
-    ap.add_argument("--steps", type=int, default=22000)
+    ap.add_argument("--steps", type=int, default=20800)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tokens-per-batch", type=int, default=4096)
     ap.add_argument("--eval-every", type=int, default=250)
