@@ -49,7 +49,7 @@ from foresight.rollout import rollout
 from foresight.scorer import LearnedPolicy, load_scorer, save_scorer
 from foresight.selection import candidate_window, window_set_logprob
 
-from foresight.sft import atomic_save, load_checkpoint, lr_lambda, split_traces
+from foresight.sft import atomic_save, load_checkpoint, lr_lambda, optimizer_step, split_traces
 from foresight.traces import load_traces
 
 
@@ -210,14 +210,7 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
             if not losses:
                 raise ValueError("no eviction happened in this batch: traces are shorter than B + L")
             loss = torch.stack(losses).mean()
-            if engine is not None:
-                engine.backward(loss)
-                engine.step()
-            else:
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(bank.parameters(), 1.0)
-                opt.step()
+            optimizer_step(loss, bank, opt, engine, 1.0)
             stats = {"loss": loss.item(), "kl": sum(kls) / len(kls), "clip_frac": sum(clips) / len(clips)}
         sched.step()
         rewards = torch.cat([x[1] for x in groups])

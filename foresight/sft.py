@@ -211,15 +211,9 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
             losses.append(loss)
             recalls.append(rec)
         loss = torch.stack(losses).mean()
-        if engine is not None:
-            engine.backward(loss)
-            engine.step()
-        else:
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(bank.parameters(), cfg.grad_clip)
-            opt.step()
-            sched.step()
+        optimizer_step(loss, bank, opt, engine, cfg.grad_clip)
+        if engine is None:
+            sched.step()  # under DeepSpeed the engine steps the schedule it was given
         rec = torch.stack(recalls).mean(0)
         last = {"loss": loss.item(), "recall": rec.mean().item(), "lr": opt.param_groups[0]["lr"]}
         if writer is not None:
@@ -265,6 +259,19 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
         log(f"[sft] done: {json.dumps(metrics)}")
     distributed.barrier()
     return bank, metrics
+
+
+def optimizer_step(loss, bank, opt, engine, grad_clip: float) -> None:
+    """Backward and one optimiser step, through DeepSpeed when it wraps the bank (it averages the gradients of
+    the processes and clips by its config) or directly with gradient clipping."""
+    if engine is not None:
+        engine.backward(loss)
+        engine.step()
+        return
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(bank.parameters(), grad_clip)
+    opt.step()
 
 
 def full_state_dict(bank, engine) -> dict:
