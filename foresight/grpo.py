@@ -35,7 +35,6 @@ scores tokens), so it does not fit scorers whose actions are eviction sets; we r
 from __future__ import annotations
 
 import copy
-import json
 import random
 import time
 from pathlib import Path
@@ -43,13 +42,13 @@ from pathlib import Path
 import torch
 
 from foresight import distributed
-from foresight.models import describe, load_model
+from foresight.models import load_model
 from foresight.reward import reward as compute_reward
 from foresight.rollout import rollout
-from foresight.scorer import LearnedPolicy, load_scorer, save_scorer
+from foresight.scorer import LearnedPolicy, load_scorer
 from foresight.selection import candidate_window, window_set_logprob
 
-from foresight.sft import atomic_save, load_checkpoint, lr_lambda, optimizer_step, split_traces
+from foresight.sft import atomic_save, finish_run, load_checkpoint, lr_lambda, optimizer_step, split_traces
 from foresight.traces import load_traces
 
 
@@ -237,20 +236,6 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
         metrics.update({k: round(v, 5) for k, v in final.items()})
         if first_val:
             metrics.update({f"sft_{k}": round(v, 5) for k, v in first_val.items()})
-    if world > 1:
-        from safetensors.torch import save_file
-
-        (out / "ckpt").mkdir(parents=True, exist_ok=True)
-        save_file({k: v.detach().float().contiguous().cpu() for k, v in bank.state_dict().items()},
-                  str(out / "ckpt" / f"final-rank{rank}.safetensors"))
-    if rank == 0:
-        save_scorer(bank, out, describe(model) | {"revision": recipe.model.revision, "path": recipe.model.path,
-                                                  "gguf_file": recipe.model.gguf_file},
-                    cc.budget, cc.interval, cc.sinks, "grpo", metrics,
-                    extra={"training_data": str(traces_dir), "init": str(init), "recipe": recipe.to_dict()})
-        (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
-        if writer is not None:
-            writer.close()
-        log(f"[grpo] done: {json.dumps(metrics)}")
-    distributed.barrier()
+    finish_run(out, rank, world, bank.state_dict(), bank, model, recipe, "grpo", metrics,
+               {"training_data": str(traces_dir), "init": str(init), "recipe": recipe.to_dict()}, writer, log)
     return bank, metrics

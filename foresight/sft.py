@@ -239,26 +239,34 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
         metrics["val_recall_at_L"] = round(torch.stack([v[1] for v in vals]).mean().item(), 4)
         metrics["val_recall_at_L_per_layer"] = [round(x, 4) for x in torch.stack([v[1] for v in vals]).mean(0).tolist()]
     weights = full_state_dict(bank, engine)
-    if world > 1:  # every rank's final weights, so that multi-process runs can be checked for agreement
+    if engine is not None and engine.zero_optimization_stage() == 3:
+        bank = bank_for_model(model, recipe.scorer.hidden, recipe.scorer.activation, recipe.scorer.features)
+        bank.load_state_dict(weights)  # a plain, unpartitioned copy for saving and for the caller
+    finish_run(out, rank, world, weights, bank, model, recipe, "sft", metrics,
+               {"training_data": str(traces_dir), "recipe": recipe.to_dict()}, writer, log)
+    return bank, metrics
+
+
+def finish_run(out: Path, rank: int, world: int, weights: dict, bank, model, recipe, stage: str, metrics: dict,
+               extra: dict, writer, log) -> None:
+    """End of a training stage: every rank's final weights (multi-process runs, so agreement can be checked),
+    then on rank 0 the standalone scorer checkpoint, ``metrics.json`` and the TensorBoard writer's close."""
+    if world > 1:
         from safetensors.torch import save_file
 
         (out / "ckpt").mkdir(parents=True, exist_ok=True)
         save_file({k: v.detach().float().contiguous().cpu() for k, v in weights.items()},
                   str(out / "ckpt" / f"final-rank{rank}.safetensors"))
-    if engine is not None and engine.zero_optimization_stage() == 3:
-        bank = bank_for_model(model, recipe.scorer.hidden, recipe.scorer.activation, recipe.scorer.features)
-        bank.load_state_dict(weights)  # a plain, unpartitioned copy for saving and for the caller
     if rank == 0:
+        cc = recipe.cache
         save_scorer(bank, out, describe(model) | {"revision": recipe.model.revision, "path": recipe.model.path,
                                                   "gguf_file": recipe.model.gguf_file},
-                    cc.budget, cc.interval, cc.sinks, "sft", metrics,
-                    extra={"training_data": str(traces_dir), "recipe": recipe.to_dict()})
+                    cc.budget, cc.interval, cc.sinks, stage, metrics, extra=extra)
         (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
         if writer is not None:
             writer.close()
-        log(f"[sft] done: {json.dumps(metrics)}")
+        log(f"[{stage}] done: {json.dumps(metrics)}")
     distributed.barrier()
-    return bank, metrics
 
 
 def optimizer_step(loss, bank, opt, engine, grad_clip: float) -> None:
