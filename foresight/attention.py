@@ -33,6 +33,9 @@ def foresight_attention(module, query, key, value, attention_mask, scaling=None,
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         return cache.attend(layer_idx, query, scale), None
     pooler = getattr(cache_mod._active, "pooler", None)
+    if pooler is not None and hasattr(pooler, "attend"):  # a tap that computes the attention itself (KVpop target)
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        return pooler.attend(module.layer_idx, query, key, value, scale), None
     if pooler is not None:
         return _dense_pooled_attention(module, query, key, value, scaling, pooler), None
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
@@ -57,7 +60,9 @@ def _dense_pooled_attention(module, query, key, value, scaling, pooler):
 
 @contextlib.contextmanager
 def pooling(pooler):
-    """Within this block, attention calls without a BoundedCache feed their probabilities to ``pooler``."""
+    """Within this block, attention calls without a BoundedCache feed their probabilities to ``pooler`` (a golden
+    :class:`~foresight.golden.BlockPooler`), or are computed by it when it has an ``attend`` method (KVpop's
+    :class:`~foresight.kvpop.target.TargetTap`)."""
     cache_mod._active.pooler = pooler
     try:
         yield pooler

@@ -13,10 +13,12 @@ included) of the pair in each slot, ``-1`` for pads and empty slots; causality i
 
 Eviction: when an update would overflow the capacity, ``L`` pairs per (layer, sequence, KV head) are dropped
 (more when a single oversized chunk was appended) so that ``B`` remain besides the protected prompt. The newest
-``interval`` tokens are protected, so are the first ``sinks`` real tokens and, with ``protect_prompt``, every
+``window`` tokens (default ``interval``, the paper's scheme; KVpop sets its own window) are protected, so are the first ``sinks`` real tokens and, with ``protect_prompt``, every
 prompt token. A :class:`~foresight.policies.base.Policy` scores the candidates of all layers in one call
 (higher = evict first) and :mod:`foresight.selection` picks the slots (top-L or the Top-2L sampler).
-Padding slots (left padding) are always evicted first.
+Padding slots (left padding) are always evicted first. A stateful policy (KVpop's mLSTM scorer) may define
+``observe(cache, layer, first_new_slot, count)``: it sees every new pair as it arrives and keeps per-slot values
+in :meth:`BoundedCache.slot_tensor`, which eviction gathers with the kept slots.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from foresight import selection
 _active = threading.local()
 
 
-def validate_budget(budget: int, interval: int, sinks: int = 0) -> None:
+def validate_budget(budget: int, interval: int, sinks: int = 0, window: int | None = None) -> None:
     """Refuse impossible settings with a message that names the problem."""
     if budget <= 0:
         raise ValueError(f"cache budget must be > 0, got {budget}")
@@ -43,8 +45,13 @@ def validate_budget(budget: int, interval: int, sinks: int = 0) -> None:
         raise ValueError(f"eviction interval L={interval} must be smaller than the budget B={budget}")
     if sinks < 0:
         raise ValueError(f"sinks must be >= 0, got {sinks}")
-    if budget < sinks + interval:
+    if window is None and budget < sinks + interval:
         raise ValueError(f"budget B={budget} must be at least sinks + interval = {sinks} + {interval}")
+    if window is not None:
+        if window < 0:
+            raise ValueError(f"protected window must be >= 0, got {window}")
+        if budget < sinks + window:
+            raise ValueError(f"budget B={budget} must be at least sinks + window = {sinks} + {window}")
 
 
 @dataclasses.dataclass
@@ -62,12 +69,14 @@ class EvictionView:
     seen: int  # tokens fed so far
     prompt_len: int
     generator: torch.Generator | None = None
+    slot: dict = dataclasses.field(default_factory=dict)  # name -> [nl, b, h, n]: per-slot data of stateful policies
 
     def snapshot(self) -> "EvictionView":
         """A copy that later cache updates cannot change (the cache's tensors are reused in place)."""
         return dataclasses.replace(self, keys=self.keys.clone(), values=self.values.clone(), token=self.token.clone(),
                                    stats={k: v.clone() for k, v in self.stats.items()},
-                                   evictable=self.evictable.clone())
+                                   evictable=self.evictable.clone(),
+                                   slot={k: v.clone() for k, v in self.slot.items()})
 
     def attn_features(self) -> torch.Tensor:
         """[nl, b, h, n, 8*g]: the statistics in features.STAT_NAMES order, query heads innermost."""
@@ -108,6 +117,8 @@ class BoundedCache(Cache):
         config: the model's config (layers, heads, head dim are read from it).
         policy: a :class:`~foresight.policies.base.Policy`; ``None`` means never evict (full cache).
         budget, interval, sinks: B, L and the number of protected first tokens.
+        window: the newest ``window`` tokens are protected (default: the policy's ``layout_window`` attribute if it
+            has one, e.g. KVpop's, else ``interval``, the paper's scheme).
         protect_prompt: keep the first ``prompt_len`` tokens (the prompt, padding included) forever; the budget
             applies to the rest.
         selection: ``"topk"`` or ``"sample"`` (Top-2L sampler); ``temperature`` for the sampler.
@@ -118,7 +129,7 @@ class BoundedCache(Cache):
     def __init__(self, config, policy=None, budget: int | None = None, interval: int | None = None, sinks: int = 0,
                  protect_prompt: bool = False, prompt_len: int | None = None, selection: str = "topk",
                  temperature: float = 1.0, recorder=None, generator: torch.Generator | None = None,
-                 prompt_overflow: str = "error"):
+                 prompt_overflow: str = "error", window: int | None = None):
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         self.num_layers = text.num_hidden_layers
         self.q_heads = text.num_attention_heads
@@ -126,8 +137,12 @@ class BoundedCache(Cache):
         self.head_dim = getattr(text, "head_dim", None) or text.hidden_size // self.q_heads
         self.group = self.q_heads // self.kv_heads
         self.full = policy is None
+        if window is None:  # a policy with its own layout (KVpop) brings its window and sinks
+            window = getattr(policy, "layout_window", None)
+        sinks = max(sinks, getattr(policy, "layout_sinks", 0) or 0)
         if not self.full:
-            validate_budget(budget, interval, sinks)
+            validate_budget(budget, interval, sinks, window)
+        self.window = interval if window is None else window
         if selection not in ("topk", "sample"):
             raise ValueError(f"selection must be 'topk' or 'sample', got {selection!r}")
         if prompt_overflow not in ("error", "evict"):
@@ -144,6 +159,8 @@ class BoundedCache(Cache):
         self._pending_valid = None
         self._chunk = None  # (n_old, q, valid[b, q]) of the forward in progress
         self.peak_slots = 0
+        self.slot_data: dict[str, torch.Tensor] = {}  # per-slot tensors of stateful policies, kept in step
+        self.policy_state: dict = {}  # anything else a stateful policy carries (e.g. a recurrent memory)
 
     # ----------------------------------------------------------------------------------------------- set-up
     def feed(self, valid: torch.Tensor | None):
@@ -204,6 +221,13 @@ class BoundedCache(Cache):
         self.rq_valid = torch.zeros(b, W, device=dev, dtype=torch.bool)
         self.first_real = torch.full((b,), -1, device=dev, dtype=torch.long)
 
+    def slot_tensor(self, name: str, fill: float = 0.0) -> torch.Tensor:
+        """A per-slot float tensor ``[nl, b, h, capacity]`` owned by a policy; eviction gathers it with the kept
+        slots, like the keys (created on first use)."""
+        if name not in self.slot_data:
+            self.slot_data[name] = torch.full(self.token.shape, fill, dtype=torch.float32, device=self.token.device)
+        return self.slot_data[name]
+
     def _grow(self, need: int):
         """Only an oversized chunk (e.g. transformers' one-shot prefill of a long prompt) or the full cache grows."""
         cap = self.keys.shape[3]
@@ -221,6 +245,8 @@ class BoundedCache(Cache):
         self.st_sum, self.st_max, self.st_cum, self.st_decay = (ext(t, 4, 0) for t in
                                                                 (self.st_sum, self.st_max, self.st_cum, self.st_decay))
         self.st_min = ext(self.st_min, 4, float("inf"))
+        for name, t in self.slot_data.items():
+            self.slot_data[name] = ext(t, 3, 0.0)
 
     # ----------------------------------------------------------------------------------------------- update
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
@@ -232,8 +258,15 @@ class BoundedCache(Cache):
         self.values[layer_idx, :, :, n_old:n_old + q] = value_states
         k_view = self.keys[layer_idx, :, :, :n_old + q]
         v_view = self.values[layer_idx, :, :, :n_old + q]
+        if self.observer is not None:
+            self.observer(self, layer_idx, n_old, q)
         _active.state = (self, layer_idx, k_view)
         return k_view, v_view
+
+    @property
+    def observer(self):
+        """A stateful policy's ``observe(cache, layer, first_new_slot, count)``, called as new pairs arrive."""
+        return getattr(self.policy, "observe", None)
 
     def _begin_chunk(self, key_states, q: int):
         if self._chunk is not None:
@@ -344,7 +377,7 @@ class BoundedCache(Cache):
         tok = self.token[:, :, :, :n]
         evictable = tok >= 0
         slot = torch.arange(n, device=tok.device)
-        evictable &= (slot < n - min(self.interval, n))  # the newest L are protected
+        evictable &= (slot < n - min(self.window, n))  # the newest `window` (default L) are protected
         if self.sinks:
             first = self.first_real[None, :, None, None]
             evictable &= ~((tok >= 0) & (first >= 0) & (tok < first + self.sinks))
@@ -352,7 +385,7 @@ class BoundedCache(Cache):
             evictable &= slot >= self.protected_prefix
         return EvictionView(self.keys[:, :, :, :n], self.values[:, :, :, :n], tok, stats, evictable,
                             n_evict=0, step=self.steps, seen=self.seen, prompt_len=self.prompt_len or 0,
-                            generator=self.generator)
+                            generator=self.generator, slot={k: v[..., :n] for k, v in self.slot_data.items()})
 
     @torch.no_grad()
     def evict(self, n_evict: int):
@@ -396,6 +429,8 @@ class BoundedCache(Cache):
         for name in ("st_sum", "st_max", "st_min", "st_cum", "st_decay"):
             t = getattr(self, name)
             t[..., :k] = t[..., : self.n].gather(4, idx_st)
+        for t in self.slot_data.values():
+            t[..., :k] = t[..., : self.n].gather(3, order)
         self.token[:, :, :, k:] = -1
 
     # ----------------------------------------------------------------------------------- transformers API

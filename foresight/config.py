@@ -95,7 +95,30 @@ class SFTConfig:
     ckpt_every: int = 50
     seed: int = 0
     deepspeed: str | None = None
-    objective: str = "foresight"
+    objective: str = "foresight"  # foresight (golden ranking, pairwise hinge) | kvpop (boundary loss, see `kvpop`)
+
+
+@dataclass
+class KVpopConfig:
+    """KVpop (arXiv 2607.05061): layout s sinks + w window + top-k (k = cache.budget - s - w), future-attention
+    target and boundary loss. Used by ``sft.objective=kvpop``; the optimiser settings come from ``sft``."""
+
+    scorer: str = "mlp"  # mlp (stateless, on [key; value]) | mlstm (matrix-memory scorer)
+    delayed: bool = True  # mlstm: read the memory when the token leaves the window (False: at insertion)
+    sinks: int = 4  # s: first tokens always kept
+    window: int = 64  # w: protected recent tokens; a token's keep/drop decision is made when it leaves them
+    gamma: float = 0.9  # temporal decay of priorities per decay step (per head; one value for all heads)
+    decay_step: int = 64  # n: tokens per decay step
+    eps: float = 1.0e-6  # target = Agg_g log(eps + mean future attention)
+    agg: str = "max"  # max | mean: aggregation of the log-targets over a GQA group's query heads
+    tau: float = 1.0  # temperature of the boundary loss
+    margin: float = 0.5  # margin weighting: weight = min(1, teacher gap / margin); 0 disables
+    balance_min: float = 0.25  # keep/drop balancing weights are clipped to [balance_min, balance_max]
+    balance_max: float = 4.0
+    queries_per_trace: int = 512  # boundary queries sampled per trace and step (0 = all)
+    hidden: int = 32  # scorer MLP width
+    memory_dim: int = 16  # mlstm: key/value dimension of the matrix memory
+    block: int = 256  # block size of the transposed target pass and of the chunked mLSTM scan
 
 
 @dataclass
@@ -138,6 +161,7 @@ class Recipe:
     scorer: ScorerConfig = field(default_factory=ScorerConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    kvpop: KVpopConfig = field(default_factory=KVpopConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
 
     def to_dict(self) -> dict:

@@ -34,7 +34,7 @@ from foresight.models import load_model
 from foresight.policies import make_policy
 from foresight.reward import low_entropy_mask
 from foresight.rollout import rollout
-from foresight.scorer import LearnedPolicy, load_scorer, record_eval
+from foresight.scorer import load_scorer, method_name, policy_from_checkpoint, record_eval
 
 STREAMING_SINKS = 4
 
@@ -65,11 +65,12 @@ def build_methods(names: list[str], scorer_dirs: list, model, protect_all: bool)
     seen = {m.name for m in out}
     for d in scorer_dirs:
         bank, cfg = load_scorer(d, model)
-        name = f"foresight-{cfg['stage']}"
+        name = method_name(cfg)
         if name in seen:
             name = f"{name}({Path(d).name})"
         seen.add(name)
-        m = Method(name, (lambda b=bank, nm=name: LearnedPolicy(b, nm)), protect_all)
+        m = Method(name, (lambda b=bank, c=cfg, nm=name: policy_from_checkpoint(b, c, nm)), protect_all)
+        m.stateful = bool(getattr(bank, "stateful", False))
         m.checkpoint = Path(d)
         out.append(m)
     return out
@@ -126,8 +127,8 @@ def teacher_forced(method: Method, model, grp, B, L, seed, golden_F=None, record
 
 def recall_vs_golden(method: Method, model, grp, B, L, golden_F, seed) -> list[float]:
     """Per golden step: |method's top-L ∩ golden's L| / L along the golden trajectory (all rows, layers, heads)."""
-    if method.is_full or method.teacher_forced_only:
-        return []
+    if method.is_full or method.teacher_forced_only or getattr(method, "stateful", False):
+        return []  # a stateful scorer (KVpop mLSTM) cannot score a trajectory it did not observe
     pol = method.factory()
     gen = torch.Generator(device=grp["ids"].device).manual_seed(seed)
     hits = []

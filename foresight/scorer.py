@@ -177,18 +177,40 @@ def check_compatible(cfg: dict, model) -> None:
 
 
 def load_scorer(path: Path, model=None, device="cpu") -> tuple[ScorerBank, dict]:
+    """A checkpoint's scorers (a ForesightKV :class:`ScorerBank`, or a KVpop scorer when ``scorer.kind`` says so)
+    and its config; with ``model``, refuse a checkpoint made for another model."""
     cfg = read_config(path)
     if model is not None:
         check_compatible(cfg, model)
     s = cfg["scorer"]
-    bank = ScorerBank(s["num_layers"], s["num_key_value_heads"], s["head_dim"], s["group"], s["hidden"],
-                      s["activation"], tuple(s["features"]))
+    if s.get("kind", "foresight").startswith("kvpop"):
+        from foresight.kvpop.scorers import build_from_spec
+
+        bank = build_from_spec(s)
+    else:
+        bank = ScorerBank(s["num_layers"], s["num_key_value_heads"], s["head_dim"], s["group"], s["hidden"],
+                          s["activation"], tuple(s["features"]))
     state = load_file(str(Path(path) / "model.safetensors"))
     missing = set(bank.state_dict()) ^ set(state)
     if missing:
         raise ScorerMismatchError(f"scorer weights in {path} do not match its config (tensors {sorted(missing)})")
     bank.load_state_dict(state)
     return bank.to(device).eval(), cfg
+
+
+def method_name(cfg: dict) -> str:
+    """How evaluations name a checkpoint: ``foresight-<stage>`` (sft, grpo) or the KVpop stage itself."""
+    return cfg["stage"] if str(cfg["stage"]).startswith("kvpop") else f"foresight-{cfg['stage']}"
+
+
+def policy_from_checkpoint(bank, cfg: dict, label: str | None = None) -> Policy:
+    """The eviction policy that runs a loaded checkpoint's scorers inside the cache."""
+    label = label or method_name(cfg)
+    if cfg["scorer"].get("kind", "foresight").startswith("kvpop"):
+        from foresight.kvpop.scorers import KVpopPolicy
+
+        return KVpopPolicy(bank, label)
+    return LearnedPolicy(bank, label)
 
 
 def _eval_table(rows) -> str:
@@ -201,20 +223,30 @@ def _eval_table(rows) -> str:
 
 def model_card(cfg: dict) -> str:
     m = cfg.get("metrics") or {}
+    sc = cfg["scorer"]
+    if sc.get("kind", "foresight").startswith("kvpop"):
+        title = "KVpop eviction scorers (future-attention target, boundary loss)"
+        layout = (f"KVpop layout: {sc['sinks']} sinks + window {sc['window']} + top-k by priority (decay γ = "
+                  f"{sc['gamma']} every {sc['decay_step']} tokens)")
+        arch = f"{sc['kind']}{' (delayed read-out)' if sc.get('delayed') else ''}, input [key; value]"
+    else:
+        title = "ForesightKV eviction scorers"
+        layout = f"sinks = {cfg['sinks']}"
+        arch = f"MLPs, input {sc['d_in']} ([key; value; attention statistics])"
     rows = "\n".join(f"| {k} | {v} |" for k, v in m.items()) or "| (none recorded) | |"
     llm = cfg["llm"]
-    return f"""# ForesightKV eviction scorers ({cfg['stage']})
+    return f"""# {title} ({cfg['stage']})
 
 Learned KV-cache eviction scorers trained with [foresight](https://github.com/) for a frozen LLM.
 
 - **LLM:** `{llm.get('name_or_path')}` ({llm.get('model_type')}, {llm.get('num_layers')} layers,
   {llm.get('num_attention_heads')} query / {llm.get('num_key_value_heads')} KV heads, head dim {llm.get('head_dim')})
 - **Budget:** B = {cfg['budget']} pairs per (sequence, layer, KV head), eviction every L = {cfg['interval']} tokens,
-  sinks = {cfg['sinks']}
+  {layout}
 - **Stage:** {cfg['stage']}
 - **Training data:** {cfg.get('training_data', 'see config.json')}
-- **Scorer:** {cfg['scorer']['num_layers']}×{cfg['scorer']['num_key_value_heads']} MLPs, input {cfg['scorer']['d_in']}
-  ([key; value; attention statistics]), hidden {cfg['scorer']['hidden']}, {cfg['scorer']['activation']}
+- **Scorer:** {sc['num_layers']}×{sc['num_key_value_heads']} {arch}, hidden {sc['hidden']},
+  {sc['activation']}
 
 ## Metrics
 

@@ -155,8 +155,12 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
     out = Path(out)
     cfg, cc = recipe.sft, recipe.cache
     rank, world = distributed.rank_world()
+    if cfg.objective == "kvpop":
+        from foresight.kvpop.train import train_kvpop
+
+        return train_kvpop(recipe, traces_dir, out, resume, deepspeed_config, progress, log)
     if cfg.objective != "foresight":
-        raise ValueError(f"sft.objective={cfg.objective!r} is not available (foresight)")
+        raise ValueError(f"sft.objective={cfg.objective!r} is not available (foresight | kvpop)")
     if cfg.batch_traces % world:
         raise ValueError(f"sft.batch_traces={cfg.batch_traces} must be divisible by the number of processes ({world})")
     device = distributed.local_device(recipe.model.device)

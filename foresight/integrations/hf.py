@@ -21,11 +21,12 @@ import torch
 
 from foresight.attention import use_foresight_attention
 from foresight.cache import BoundedCache
-from foresight.scorer import LearnedPolicy, load_scorer
+from foresight.scorer import load_scorer, policy_from_checkpoint
 
 
 class ForesightCache(BoundedCache):
-    """A :class:`~foresight.cache.BoundedCache` driven by trained ForesightKV scorers."""
+    """A :class:`~foresight.cache.BoundedCache` driven by trained scorers (ForesightKV, or KVpop with its own
+    sinks and window)."""
 
     @classmethod
     def from_pretrained(cls, scorer_dir: str | Path, model, budget: int | None = None, interval: int | None = None,
@@ -34,7 +35,7 @@ class ForesightCache(BoundedCache):
         bank, cfg = load_scorer(scorer_dir, model, device=next(model.parameters()).device)
         use_foresight_attention(model)
         gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed) if seed is not None else None
-        return cls(model.config, LearnedPolicy(bank, f"foresight-{cfg['stage']}"),
+        return cls(model.config, policy_from_checkpoint(bank, cfg),
                    budget if budget is not None else cfg["budget"],
                    interval if interval is not None else cfg["interval"],
                    sinks=cfg.get("sinks", 0) if sinks is None else sinks, protect_prompt=protect_prompt,

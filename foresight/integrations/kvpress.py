@@ -50,6 +50,9 @@ class ForesightPress(ScorerPress):
             if not self.scorer_dir:
                 raise ValueError("ForesightPress needs scorer_dir (a foresight scorer checkpoint)")
             self.bank, self.config = load_scorer(self.scorer_dir, model, device=next(model.parameters()).device)
+            if self.config["scorer"].get("kind", "foresight") != "foresight":
+                raise ValueError(f"{self.scorer_dir} holds {self.config['scorer']['kind']} scorers; ForesightPress "
+                                 "runs ForesightKV scorers (use foresight.integrations.hf.ForesightCache for KVpop)")
         else:
             check_compatible(self.config, model)
         self._rotary = next(m for n, m in model.named_modules() if n.endswith("rotary_emb"))

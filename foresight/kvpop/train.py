@@ -1,0 +1,180 @@
+"""``foresight sft --set sft.objective=kvpop``: KVpop scorers trained with the boundary loss (paper Eq. 7).
+
+Per training trace, once: one dense pass gives the future-attention target and the scorer inputs
+(:func:`foresight.kvpop.target.kvpop_targets`); the teacher's static priorities (with decay) and its boundary
+decisions at every query (:func:`foresight.kvpop.topk.boundary_pairs`, Fenwick) follow. Per step, for
+``kvpop.queries_per_trace`` sampled boundary queries ``q ≥ s + w + k`` of each trace and every (layer, KV head)::
+
+    loss = mean ω · softplus(−y · (p̂(t_new) − p̂(t_bnd)) / τ)
+
+``p̂`` the student's static priority, ``y = ±1`` the teacher's keep/drop of ``t_new = q − w``, ``t_bnd`` the
+teacher's cut-off token (k-th best of the eligible set before ``t_new`` arrives). Weights (App. B.4–B.5, whose
+exact formulas the paper's text leaves out; these are ours): margin ``ω_m = min(1, Δ/margin)`` with ``Δ`` the
+teacher's priority gap (near-ties, where the teacher is indifferent, count less); balance
+``ω_b = clip(1/(2ρ_h))`` for keeps and ``clip(1/(2(1 − ρ_h)))`` for drops, ``ρ_h`` the head's keep share in the
+batch. The scorer inputs come from the full-cache pass (the LLM is frozen; at inference layer ≥ 1 keys are
+computed under eviction — the same train/inference gap as any scorer trained on dense activations).
+
+Metrics: loss, boundary accuracy (sign agreement), and on the validation traces the top-k retention recall
+against the teacher's top-k (paper Fig. 7) at every 16th query. Checkpointing, resume, DeepSpeed and the
+standalone checkpoint are shared with ForesightKV's SFT (:mod:`foresight.sft`).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from foresight import distributed
+from foresight.kvpop.scorers import scorer_for_model
+from foresight.kvpop.target import kvpop_targets
+from foresight.kvpop.topk import boundary_pairs, static_priority, topk_recall
+from foresight.models import load_model
+from foresight.traces import load_traces
+
+
+@torch.no_grad()
+def trace_example(model, ids: torch.Tensor, kc, k: int, log_gamma: torch.Tensor) -> dict:
+    """Targets, inputs and teacher decisions of one trace [1, S] (kept on the CPU)."""
+    data = kvpop_targets(model, ids, kc.window, kc.eps, kc.agg, kc.block)
+    tgt = data["target"].cpu()  # [nl, h, S]
+    nl, h, S = tgt.shape
+    tok = torch.arange(S).expand_as(tgt)
+    p = static_priority(tgt, tok, log_gamma.cpu()[:, :, None], kc.decay_step)
+    pairs = boundary_pairs(p.reshape(nl * h, S), kc.sinks, kc.window, k)
+    gap = (p.reshape(nl * h, S).gather(1, pairs["t_new"].expand(nl * h, -1)) -
+           p.reshape(nl * h, S).gather(1, pairs["t_bnd"])).abs()
+    return {"keys": data["keys"].cpu(), "values": data["values"].cpu(), "p": p, "q": pairs["q"],
+            "t_new": pairs["t_new"], "t_bnd": pairs["t_bnd"].view(nl, h, -1), "keep": pairs["keep"].view(nl, h, -1),
+            "gap": gap.view(nl, h, -1)}
+
+
+def boundary_loss(p_hat: torch.Tensor, ex: dict, kc, idx: torch.Tensor | None = None):
+    """Weighted boundary loss of a trace's student priorities p_hat [nl, h, S] at the queries ``idx`` (indices
+    into ``ex['q']``; None = all). Returns (loss, accuracy of the keep/drop sign)."""
+    t_new, t_bnd, keep, gap = ex["t_new"], ex["t_bnd"], ex["keep"], ex["gap"]
+    if idx is not None:
+        t_new, t_bnd, keep, gap = t_new[idx], t_bnd[..., idx], keep[..., idx], gap[..., idx]
+    nl, h, _ = p_hat.shape
+    dev = p_hat.device
+    t_new, t_bnd, keep, gap = t_new.to(dev), t_bnd.to(dev), keep.to(dev), gap.to(dev)
+    d = p_hat.gather(-1, t_new.expand(nl, h, -1)) - p_hat.gather(-1, t_bnd)
+    y = keep.float() * 2 - 1
+    w = torch.ones_like(d)
+    if kc.margin > 0:
+        w = w * (gap / kc.margin).clamp(max=1.0)
+    rho = keep.float().mean(-1, keepdim=True).clamp(1e-6, 1 - 1e-6)
+    w_keep = (1 / (2 * rho)).clamp(kc.balance_min, kc.balance_max)
+    w_drop = (1 / (2 * (1 - rho))).clamp(kc.balance_min, kc.balance_max)
+    w = w * torch.where(keep, w_keep, w_drop)
+    loss = (w * torch.nn.functional.softplus(-y * d / kc.tau)).sum() / w.sum().clamp(min=1e-9)
+    acc = ((d > 0) == keep).float().mean()
+    return loss, acc
+
+
+def train_kvpop(recipe, traces_dir, out, resume: bool = False, deepspeed_config=None, progress: bool = True,
+                log=print):
+    from foresight.sft import _deepspeed_engine, finish_run, full_state_dict, load_checkpoint, lr_lambda, \
+        optimizer_step, atomic_save, split_traces
+
+    out = Path(out)
+    cfg, kc, cc = recipe.sft, recipe.kvpop, recipe.cache
+    rank, world = distributed.rank_world()
+    if cfg.batch_traces % world:
+        raise ValueError(f"sft.batch_traces={cfg.batch_traces} must be divisible by the number of processes ({world})")
+    device = distributed.local_device(recipe.model.device)
+    torch.manual_seed(cfg.seed)
+    model, _ = load_model(recipe.model, device=str(device))
+    ds = load_traces(traces_dir)
+    train_idx, val_idx = split_traces(len(ds), 2)
+    if not train_idx:
+        raise ValueError(f"no training traces in {traces_dir}")
+    scorer = scorer_for_model(model, kc, cc.budget, cfg.seed).to(device)
+    k = cc.budget - kc.sinks - kc.window
+    opt = torch.optim.Adam(scorer.parameters(), lr=cfg.lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, cfg.warmup, cfg.steps, cfg.schedule))
+    ckpt = out / "ckpt" / "state.pt"
+    start = load_checkpoint(ckpt, resume, rank, scorer, opt, sched, "KVpop", log)
+    engine = None
+    ds_cfg = deepspeed_config or cfg.deepspeed
+    if ds_cfg:
+        engine = _deepspeed_engine(scorer, opt, sched, ds_cfg, cfg)
+
+    examples: dict[int, dict] = {}
+
+    def example(i):
+        if i not in examples:
+            ids = torch.tensor([ds[i]["input_ids"]], device=device)
+            if ids.shape[1] <= kc.sinks + kc.window + k:
+                raise ValueError(f"trace {i} has {ids.shape[1]} tokens: nothing is ever evicted at budget "
+                                 f"{cc.budget}; lower cache.budget or use longer traces")
+            examples[i] = trace_example(model, ids, kc, k, scorer.log_gamma)
+        return examples[i]
+
+    writer = None
+    if rank == 0:
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(str(out / "tb"))
+    from tqdm import tqdm
+
+    bar = tqdm(range(start, cfg.steps), desc=f"kvpop-{kc.scorer}", disable=not progress or rank != 0, initial=start,
+               total=cfg.steps)
+    t0 = time.time()
+    last = {}
+    for step in bar:
+        rng = random.Random(cfg.seed * 1_000_003 + step)
+        batch = [rng.choice(train_idx) for _ in range(cfg.batch_traces)]
+        gen = torch.Generator().manual_seed(cfg.seed * 7 + step)
+        losses, accs = [], []
+        for i in batch[rank::world]:
+            ex = example(i)
+            nq = len(ex["q"])
+            idx = None
+            if kc.queries_per_trace and kc.queries_per_trace < nq:
+                idx = torch.randperm(nq, generator=gen)[: kc.queries_per_trace]
+            p_hat = scorer.sequence_priorities(ex["keys"].to(device), ex["values"].to(device))
+            loss, acc = boundary_loss(p_hat, ex, kc, idx)
+            losses.append(loss)
+            accs.append(acc)
+        loss = torch.stack(losses).mean()
+        optimizer_step(loss, scorer, opt, engine, cfg.grad_clip)
+        if engine is None:
+            sched.step()
+        last = {"loss": loss.item(), "boundary_acc": torch.stack(accs).mean().item(), "lr": opt.param_groups[0]["lr"]}
+        if writer is not None:
+            for name, v in last.items():
+                writer.add_scalar(f"kvpop/{name}", v, step)
+        bar.set_postfix(loss=f"{last['loss']:.4f}", acc=f"{last['boundary_acc']:.3f}")
+        if (step + 1) % cfg.ckpt_every == 0 or step + 1 == cfg.steps:
+            weights = full_state_dict(scorer, engine)
+            if rank == 0:
+                atomic_save({"bank": weights, "opt": opt.state_dict() if engine is None else None,
+                             "sched": sched.state_dict(), "step": step + 1}, ckpt)
+    metrics = {"train_loss": round(last.get("loss", float("nan")), 5),
+               "train_boundary_acc": round(last.get("boundary_acc", float("nan")), 4), "steps": cfg.steps,
+               "train_seconds_this_run": round(time.time() - t0, 1)}
+    if val_idx:
+        with torch.no_grad():
+            accs, recalls = [], []
+            for i in val_idx:
+                ex = example(i)
+                p_hat = scorer.sequence_priorities(ex["keys"].to(device), ex["values"].to(device)).cpu()
+                accs.append(boundary_loss(p_hat, ex, kc)[1].item())
+                nl, h, S = p_hat.shape
+                qs = ex["q"][::16].tolist()
+                recalls.append(topk_recall(ex["p"].reshape(nl * h, S), p_hat.reshape(nl * h, S), kc.sinks,
+                                           kc.window, k, qs))
+        metrics["val_boundary_acc"] = round(sum(accs) / len(accs), 4)
+        metrics["val_topk_recall"] = round(sum(recalls) / len(recalls), 4)
+    weights = full_state_dict(scorer, engine)
+    if engine is not None and engine.zero_optimization_stage() == 3:
+        scorer = scorer_for_model(model, kc, cc.budget, cfg.seed)
+        scorer.load_state_dict(weights)
+    stage = f"kvpop-{kc.scorer}" + ("" if kc.scorer == "mlp" else ("-delayed" if kc.delayed else "-immediate"))
+    finish_run(out, rank, world, weights, scorer, model, recipe, stage, metrics,
+               {"training_data": str(traces_dir), "recipe": recipe.to_dict(), "objective": "kvpop"}, writer, log)
+    return scorer, metrics
