@@ -7,7 +7,7 @@ OUT     ?= runs/$(notdir $(basename $(RECIPE)))
 SET     ?=
 STAMP   := $(VENV)/.installed
 
-.PHONY: install test test-kvpress demo teacher traces sft grpo eval bench lint clean
+.PHONY: install test test-kvpress demo teacher traces sft grpo kvpop eval bench lint clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -51,8 +51,15 @@ sft: $(STAMP)
 grpo: $(STAMP)
 	$(BIN)/foresight grpo --recipe $(RECIPE) --traces $(OUT)/traces --init $(OUT)/sft --out $(OUT)/grpo $(SET)
 
+# KVpop (issue 9): the stateless MLP and the mLSTM scorer with delayed and immediate read-out
+kvpop: $(STAMP)
+	$(BIN)/foresight sft --recipe $(RECIPE) --traces $(OUT)/traces --out $(OUT)/kvpop-mlp --set sft.objective=kvpop --set kvpop.scorer=mlp $(SET)
+	$(BIN)/foresight sft --recipe $(RECIPE) --traces $(OUT)/traces --out $(OUT)/kvpop-mlstm-delayed --set sft.objective=kvpop --set kvpop.scorer=mlstm --set kvpop.delayed=true $(SET)
+	$(BIN)/foresight sft --recipe $(RECIPE) --traces $(OUT)/traces --out $(OUT)/kvpop-mlstm-immediate --set sft.objective=kvpop --set kvpop.scorer=mlstm --set kvpop.delayed=false $(SET)
+
+SCORER_DIRS = $(wildcard $(OUT)/sft/config.json $(OUT)/grpo/config.json $(OUT)/kvpop-*/config.json)
 eval: $(STAMP)
-	$(BIN)/foresight eval --recipe $(RECIPE) --out $(OUT)/eval $(foreach s,$(wildcard $(OUT)/sft/config.json $(OUT)/grpo/config.json),--scorers $(dir $(s))) $(SET)
+	$(BIN)/foresight eval --recipe $(RECIPE) --out $(OUT)/eval $(foreach s,$(SCORER_DIRS),--scorers $(dir $(s))) $(SET)
 
 bench: $(STAMP)
 	$(BIN)/python -m foresight.bench --out bench.json

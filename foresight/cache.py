@@ -220,6 +220,13 @@ class BoundedCache(Cache):
         self.rq_token = torch.full((W,), -1, device=dev, dtype=torch.long)
         self.rq_valid = torch.zeros(b, W, device=dev, dtype=torch.bool)
         self.first_real = torch.full((b,), -1, device=dev, dtype=torch.long)
+        self._all_started = False
+        # decoding queries whose statistics are deferred to the next eviction (see attend / _flush)
+        P = max(self.interval or 1, W)
+        self.pq = torch.zeros(nl, b, self.q_heads, P, d, device=dev, dtype=dt)
+        self.pq_token = torch.full((P,), -1, device=dev, dtype=torch.long)
+        self.pq_valid = torch.zeros(b, P, device=dev, dtype=torch.bool)
+        self.n_pq = 0
 
     def slot_tensor(self, name: str, fill: float = 0.0) -> torch.Tensor:
         """A per-slot float tensor ``[nl, b, h, capacity]`` owned by a policy; eviction gathers it with the kept
@@ -275,6 +282,9 @@ class BoundedCache(Cache):
                                "(foresight.attention.use_foresight_attention)")
         if self.keys is None:
             self._allocate(key_states)
+        first_block = not self.full and self.steps == 0 and self.seen <= self.target < self.seen + q
+        if self.n_pq and (q > 1 or first_block):
+            self._flush()  # deferred statistics go in before a chunk's own (query order) or a block reset
         if not self.full and self.n + q > self.capacity and self.n > self.target:
             self.evict(self.n - self.target)
         self._grow(self.n + q)
@@ -285,19 +295,16 @@ class BoundedCache(Cache):
             valid = torch.ones(b, q, dtype=torch.bool, device=dev)
         valid = valid.to(dev)
         self._chunk = (self.n, q, valid)
-        if not self.full and self.steps == 0 and self.seen <= self.target < self.seen + q:
+        if first_block and self.steps == 0:
             self._reset_block(slice(0, self.n))  # the block before the first eviction starts here
         tok = torch.arange(self.seen, self.seen + q, device=dev)
-        new_first = (self.first_real < 0) & valid.any(1)
-        self.first_real = torch.where(new_first, self.seen + valid.long().argmax(1), self.first_real)
+        if not self._all_started:  # the first real token of each row (sinks are counted from it)
+            new_first = (self.first_real < 0) & valid.any(1)
+            self.first_real = torch.where(new_first, self.seen + valid.long().argmax(1), self.first_real)
+            self._all_started = bool((self.first_real >= 0).all())
         tok_b = torch.where(valid, tok.unsqueeze(0), torch.full_like(tok.unsqueeze(0), -1))
-        sl = slice(self.n, self.n + q)
-        self.token[:, :, :, sl] = tok_b[None, :, None, :]
-        self.st_sum[..., sl] = 0
-        self.st_max[..., sl] = 0
-        self.st_min[..., sl] = float("inf")
-        self.st_cum[..., sl] = 0
-        self.st_decay[..., sl] = 0
+        self.token[:, :, :, self.n:self.n + q] = tok_b[None, :, None, :]
+        # slots >= n always hold clean statistics (allocation, _grow and _gather keep them so)
 
     def _finish_chunk(self):
         n_old, q, valid = self._chunk
@@ -311,37 +318,90 @@ class BoundedCache(Cache):
         """Attention of the new queries against this layer's slots; accumulates the block statistics.
 
         query: [b, Hq, q, d] (after RoPE). Returns [b, q, Hq, d] like transformers' attention functions.
+
+        A chunk (q > 1: prefill, teacher-forced rollout) computes the probabilities explicitly and adds them to
+        the statistics at once. A decoding step (q = 1) runs fused SDPA and only stores its query; the queries
+        since the last eviction are replayed in one batched pass when the statistics are next needed
+        (:meth:`_flush`: before an eviction, a chunk, or a block reset). Between evictions the slots only grow
+        and causality is by token index, so the replay sees exactly the keys each query saw: same statistics,
+        far fewer small operations per generated token.
         """
         n_old, q, valid = self._chunk
         n = n_old + q
         b, hq, _, d = query.shape
-        h, g = self.kv_heads, self.group
+        self.scaling = scaling
         K = self.keys[layer_idx, :, :, :n]
         V = self.values[layer_idx, :, :, :n]
         ktok = self.token[layer_idx, :, :, :n]  # [b, h, n]
+        if q == 1 and not self.full:
+            vis = ktok >= 0
+            vis[:, :, n - 1] = True  # a padding query attends to itself only (its output is never used)
+            mask = vis.repeat_interleave(self.group, dim=1)[:, :, None, :]
+            out = torch.nn.functional.scaled_dot_product_attention(query, K, V, attn_mask=mask, scale=scaling,
+                                                                   enable_gqa=True)
+            self.pq[layer_idx, :, :, self.n_pq] = query[:, :, 0]
+            if layer_idx == self.num_layers - 1:
+                self.pq_token[self.n_pq] = self.seen
+                self.pq_valid[:, self.n_pq] = valid[:, 0]
+                self.n_pq += 1
+                self._finish_chunk()
+                if self.n_pq == self.pq.shape[3]:
+                    self._flush()
+            return out.transpose(1, 2)
         qtok = torch.arange(self.seen, self.seen + q, device=query.device)
-        qf = query.view(b, h, g, q, d)
-        scores = torch.matmul(qf, K.unsqueeze(2).transpose(-1, -2)).float() * scaling  # [b,h,g,q,n]
-        vis = (ktok[:, :, None, None, :] <= qtok[None, None, None, :, None]) & (ktok >= 0)[:, :, None, None, :]
         own = torch.arange(n, device=query.device)[None, :] == (n_old + torch.arange(q, device=query.device))[:, None]
-        vis = vis | own  # a padding query attends to itself only (its output is never used)
-        probs = scores.masked_fill(~vis, float("-inf")).softmax(-1)
+        probs, vis = self._probs(layer_idx, query, n, qtok, own, scaling)
         out = torch.matmul(probs.to(V.dtype), V.unsqueeze(2))  # [b,h,g,q,d]
         with torch.no_grad():
-            qv = valid[:, None, None, :, None]
-            w = probs * qv
-            self.st_sum[layer_idx, ..., :n] += w.sum(3)
-            self.st_cum[layer_idx, ..., :n] += w.sum(3)
-            torch.maximum(self.st_max[layer_idx, ..., :n], w.amax(3), out=self.st_max[layer_idx, ..., :n])
-            wmin = probs.masked_fill(~(vis & qv), float("inf")).amin(3)
-            torch.minimum(self.st_min[layer_idx, ..., :n], wmin, out=self.st_min[layer_idx, ..., :n])
-            keep = min(q, F.QUERY_WINDOW)
-            self.rq[layer_idx] = torch.cat([self.rq[layer_idx], query[:, :, q - keep:]], dim=2)[:, :, -F.QUERY_WINDOW:]
+            self._accumulate(layer_idx, probs, vis, valid, query, qtok)
             if layer_idx == self.num_layers - 1:
-                self.rq_token = torch.cat([self.rq_token, qtok[q - keep:]])[-F.QUERY_WINDOW:]
-                self.rq_valid = torch.cat([self.rq_valid, valid[:, q - keep:]], 1)[:, -F.QUERY_WINDOW:]
                 self._finish_chunk()
         return out.reshape(b, hq, q, d).transpose(1, 2)
+
+    def _probs(self, layer_idx: int, query, n: int, qtok, own, scaling: float):
+        """Post-softmax attention [b, h, g, q, n] of ``query`` [b, Hq, q, d] (tokens ``qtok``) to the first n slots,
+        causal by token index; ``own`` [q, n] marks each query's own slot (a padding query sees only itself)."""
+        b, hq, q, d = query.shape
+        h, g = self.kv_heads, self.group
+        K = self.keys[layer_idx, :, :, :n]
+        ktok = self.token[layer_idx, :, :, :n]
+        scores = torch.matmul(query.view(b, h, g, q, d), K.unsqueeze(2).transpose(-1, -2)).float() * scaling
+        vis = (ktok[:, :, None, None, :] <= qtok[None, None, None, :, None]) & (ktok >= 0)[:, :, None, None, :]
+        if own is not None:
+            vis = vis | own
+        probs = scores.masked_fill(~vis, float("-inf")).softmax(-1)
+        return probs.nan_to_num(0.0) if own is None else probs, vis
+
+    @torch.no_grad()
+    def _accumulate(self, layer_idx: int, probs, vis, valid, query, qtok):
+        """Add a group of queries' attention to the block statistics and remember the latest queries."""
+        n, q = probs.shape[-1], probs.shape[-2]
+        qv = valid[:, None, None, :, None]
+        w = probs * qv
+        self.st_sum[layer_idx, ..., :n] += w.sum(3)
+        self.st_cum[layer_idx, ..., :n] += w.sum(3)
+        torch.maximum(self.st_max[layer_idx, ..., :n], w.amax(3), out=self.st_max[layer_idx, ..., :n])
+        wmin = probs.masked_fill(~(vis & qv), float("inf")).amin(3)
+        torch.minimum(self.st_min[layer_idx, ..., :n], wmin, out=self.st_min[layer_idx, ..., :n])
+        keep = min(q, F.QUERY_WINDOW)
+        self.rq[layer_idx] = torch.cat([self.rq[layer_idx], query[:, :, q - keep:]], dim=2)[:, :, -F.QUERY_WINDOW:]
+        if layer_idx == self.num_layers - 1:
+            self.rq_token = torch.cat([self.rq_token, qtok[q - keep:]])[-F.QUERY_WINDOW:]
+            self.rq_valid = torch.cat([self.rq_valid, valid[:, q - keep:]], 1)[:, -F.QUERY_WINDOW:]
+
+    @torch.no_grad()
+    def _flush(self):
+        """Replay the deferred decoding queries: their statistics, as if computed when they ran."""
+        P, n = self.n_pq, self.n
+        if P == 0:
+            return
+        scale = getattr(self, "scaling", self.head_dim ** -0.5)
+        qtok, valid = self.pq_token[:P].clone(), self.pq_valid[:, :P].clone()
+        for layer in range(self.num_layers):
+            query = self.pq[layer, :, :, :P]
+            probs, vis = self._probs(layer, query, n, qtok, None, scale)
+            self._accumulate(layer, probs, vis, valid, query, qtok)
+        self.n_pq = 0
 
     # ---------------------------------------------------------------------------------------------- evict
     def _window_stats(self, n: int) -> dict:
@@ -350,7 +410,7 @@ class BoundedCache(Cache):
         b = self.keys.shape[1]
         K = self.keys[:, :, :, :n]  # [nl,b,h,n,d]
         rq = self.rq.view(nl, b, h, g, F.QUERY_WINDOW, -1)
-        scale = self.head_dim ** -0.5
+        scale = getattr(self, "scaling", self.head_dim ** -0.5)
         scores = torch.matmul(rq, K.unsqueeze(3).transpose(-1, -2)).float() * scale  # [nl,b,h,g,W,n]
         ktok = self.token[:, :, :, :n]
         vis = (ktok[:, :, :, None, None, :] <= self.rq_token[None, None, None, None, :, None]) & \
@@ -370,6 +430,7 @@ class BoundedCache(Cache):
         self.st_min[..., sl] = float("inf")
 
     def view(self) -> EvictionView:
+        self._flush()
         n = self.n
         stats = {"max": self.st_max[..., :n], "min": torch.nan_to_num(self.st_min[..., :n], posinf=0.0),
                  "sum": self.st_sum[..., :n], "cum": self.st_cum[..., :n], "decay": self.st_decay[..., :n]}
@@ -390,6 +451,7 @@ class BoundedCache(Cache):
     @torch.no_grad()
     def evict(self, n_evict: int):
         """Drop ``n_evict`` pairs per (layer, sequence, KV head); padding first, then by the policy's scores."""
+        self._flush()
         n = self.n
         self.st_decay[..., :n] = F.DECAY * self.st_decay[..., :n] + self.st_sum[..., :n]
         view = self.view()
@@ -432,6 +494,9 @@ class BoundedCache(Cache):
         for t in self.slot_data.values():
             t[..., :k] = t[..., : self.n].gather(3, order)
         self.token[:, :, :, k:] = -1
+        for name in ("st_sum", "st_max", "st_cum", "st_decay"):
+            getattr(self, name)[..., k:self.n] = 0
+        self.st_min[..., k:self.n] = float("inf")
 
     # ----------------------------------------------------------------------------------- transformers API
     def get_seq_length(self, layer_idx: int = 0) -> int:

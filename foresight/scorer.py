@@ -263,6 +263,6 @@ Learned KV-cache eviction scorers trained with [foresight](https://github.com/) 
 ```python
 from foresight.integrations.hf import ForesightCache
 cache = ForesightCache.from_pretrained("<this folder>", model, budget={cfg['budget']}, interval={cfg['interval']})
-out = model.generate(input_ids, past_key_values=cache, max_new_tokens=...)
+out = model.generate(input_ids, cache=cache, max_new_tokens=...)
 ```
 """

@@ -142,7 +142,7 @@ def test_statistics_match_dense_attention():
 def test_cache_works_inside_transformers_generate(qwen3):
     ids = torch.randint(8, 170, (1, 10))
     c = BoundedCache(qwen3.config, make_policy("h2o"), budget=16, interval=4)
-    out = qwen3.generate(ids, past_key_values=c, max_new_tokens=40, do_sample=False)
+    out = qwen3.generate(ids, cache=c, max_new_tokens=40, do_sample=False)
     assert out.shape[1] == 50 and c.steps >= 8 and c.n <= 20
     mine = generate(qwen3, ids, max_new_tokens=40, policy=make_policy("h2o"), budget=16, interval=4)
     assert torch.equal(out, mine.sequences)
@@ -186,3 +186,25 @@ def test_protect_prompt_longer_than_budget(qwen3):
     g = generate(qwen3, ids, max_new_tokens=5, policy=make_policy("random"), budget=16, interval=4,
                  protect_prompt=True, prompt_overflow="evict")
     assert g.peak_slots <= 20
+
+
+def test_deferred_decoding_statistics_equal_chunked_ones():
+    """Token-by-token decoding defers its statistics to the eviction; they equal the chunked rollout's."""
+    m = tiny_qwen3()
+    ids = torch.randint(8, 170, (2, 90))
+    got = {}
+    for mode in ("chunks", "tokens"):
+        views = []
+        c = BoundedCache(m.config, make_policy("h2o"), budget=24, interval=8, recorder=lambda s: views.append(s["view"]))
+        with torch.no_grad():
+            if mode == "chunks":
+                feed_chunks(m, c, ids)
+            else:
+                for t in range(ids.shape[1]):
+                    m(input_ids=ids[:, t:t + 1], cache=c, use_cache=True)
+        got[mode] = views
+    assert len(got["chunks"]) == len(got["tokens"]) > 5
+    for a, b in zip(got["chunks"], got["tokens"]):
+        assert torch.equal(a.token, b.token)
+        for name in a.stats:
+            assert torch.allclose(a.stats[name], b.stats[name], atol=1e-5), name

@@ -20,7 +20,7 @@ def test_from_pretrained_cache_works_in_plain_generate(make, tmp_path):
     bank = checkpoint(model, tmp_path / "ck")
     ids = torch.randint(8, 170, (1, 10))
     cache = ForesightCache.from_pretrained(tmp_path / "ck", model)
-    out = model.generate(ids, past_key_values=cache, max_new_tokens=40, do_sample=False)
+    out = model.generate(ids, cache=cache, max_new_tokens=40, do_sample=False)
     assert out.shape == (1, 50) and cache.steps >= 8 and cache.held() <= 16 + 4
     # the same decisions as the project's own generation driver with the same scorers
     mine = generate(model, ids, max_new_tokens=40, policy=LearnedPolicy(bank), budget=16, interval=4)

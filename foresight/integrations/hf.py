@@ -2,7 +2,7 @@
 
     from foresight.integrations.hf import ForesightCache
     cache = ForesightCache.from_pretrained("runs/tiny-qwen3/grpo", model, budget=320, interval=64)
-    out = model.generate(input_ids, past_key_values=cache, max_new_tokens=1100)
+    out = model.generate(input_ids, cache=cache, max_new_tokens=1100)
 
 ``from_pretrained`` checks the checkpoint against the model (layers, heads, head dim; a mismatch is a clear
 error), switches the model to the ``"foresight"`` attention (plain SDPA whenever this cache is not in use), and
