@@ -52,10 +52,11 @@ grpo: $(STAMP)
 	$(BIN)/foresight grpo --recipe $(RECIPE) --traces $(OUT)/traces --init $(OUT)/sft --out $(OUT)/grpo $(SET)
 
 # KVpop (issue 9): the stateless MLP and the mLSTM scorer with delayed and immediate read-out
+KVPOP_SET ?= --set sft.objective=kvpop --set sft.steps=300 --set sft.lr=0.003 --set sft.warmup=10 --set sft.ckpt_every=100
 kvpop: $(STAMP)
-	$(BIN)/foresight sft --recipe $(RECIPE) --traces $(OUT)/traces --out $(OUT)/kvpop-mlp --set sft.objective=kvpop --set kvpop.scorer=mlp $(SET)
-	$(BIN)/foresight sft --recipe $(RECIPE) --traces $(OUT)/traces --out $(OUT)/kvpop-mlstm-delayed --set sft.objective=kvpop --set kvpop.scorer=mlstm --set kvpop.delayed=true $(SET)
-	$(BIN)/foresight sft --recipe $(RECIPE) --traces $(OUT)/traces --out $(OUT)/kvpop-mlstm-immediate --set sft.objective=kvpop --set kvpop.scorer=mlstm --set kvpop.delayed=false $(SET)
+	$(BIN)/foresight sft --recipe $(RECIPE) --traces $(OUT)/traces --out $(OUT)/kvpop-mlp $(KVPOP_SET) --set kvpop.scorer=mlp $(SET)
+	$(BIN)/foresight sft --recipe $(RECIPE) --traces $(OUT)/traces --out $(OUT)/kvpop-mlstm-delayed $(KVPOP_SET) --set kvpop.scorer=mlstm --set kvpop.delayed=true $(SET)
+	$(BIN)/foresight sft --recipe $(RECIPE) --traces $(OUT)/traces --out $(OUT)/kvpop-mlstm-immediate $(KVPOP_SET) --set kvpop.scorer=mlstm --set kvpop.delayed=false $(SET)
 
 SCORER_DIRS = $(wildcard $(OUT)/sft/config.json $(OUT)/grpo/config.json $(OUT)/kvpop-*/config.json)
 eval: $(STAMP)

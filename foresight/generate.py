@@ -45,7 +45,7 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
              protect_prompt: bool = False, selection: str = "topk", temperature_evict: float = 1.0,
              do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
              eos_token_id: int | None = None, pad_token_id: int = 0, generator: torch.Generator | None = None,
-             prompt_overflow: str = "error", prefill_chunk: int = 1024) -> GenerationResult:
+             prompt_overflow: str = "error", prefill_chunk: int = 1024, window: int | None = None) -> GenerationResult:
     b, P = input_ids.shape
     dev = input_ids.device
     if attention_mask is None:
@@ -56,7 +56,7 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
     else:
         cache = BoundedCache(model.config, policy, budget, interval, sinks=sinks, protect_prompt=protect_prompt,
                              prompt_len=P, selection=selection, temperature=temperature_evict, generator=generator,
-                             prompt_overflow=prompt_overflow)
+                             prompt_overflow=prompt_overflow, window=window)
     positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
     # ---- chunked prefill
     s, logits = 0, None

@@ -43,7 +43,7 @@ def rollout(model, input_ids: torch.Tensor, policy=None, budget: int | None = No
             sinks: int = 0, protect_prompt: bool = False, prompt_len: int | None = None, selection: str = "topk",
             temperature: float = 1.0, generator: torch.Generator | None = None, recorder=None,
             chunk: int = 1024, attention_mask: torch.Tensor | None = None, prompt_overflow: str = "error",
-            on_chunk=None) -> RolloutResult:
+            on_chunk=None, window: int | None = None) -> RolloutResult:
     """Teacher-force ``input_ids`` [b, S] through ``model`` with a bounded cache (``policy=None``: full cache).
 
     ``recorder(step_dict)`` is called at every eviction (see :meth:`BoundedCache.evict`). ``on_chunk(start,
@@ -56,7 +56,7 @@ def rollout(model, input_ids: torch.Tensor, policy=None, budget: int | None = No
     else:
         cache = BoundedCache(model.config, policy, budget, interval, sinks=sinks, protect_prompt=protect_prompt,
                              prompt_len=prompt_len, selection=selection, temperature=temperature,
-                             recorder=recorder, generator=generator, prompt_overflow=prompt_overflow)
+                             recorder=recorder, generator=generator, prompt_overflow=prompt_overflow, window=window)
     loss = torch.zeros(b, S, device=dev)
     ent = torch.zeros(b, S, device=dev)
     if attention_mask is None:

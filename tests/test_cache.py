@@ -208,3 +208,16 @@ def test_deferred_decoding_statistics_equal_chunked_ones():
         assert torch.equal(a.token, b.token)
         for name in a.stats:
             assert torch.allclose(a.stats[name], b.stats[name], atol=1e-5), name
+
+
+def test_protected_window_option_keeps_a_wider_recent_window(qwen3):
+    """The KVpop layout for any policy: sinks + a window of w recent tokens (w > L) + the policy's top set."""
+    ids = torch.randint(8, 170, (2, 12))
+    g = generate(qwen3, ids, max_new_tokens=60, policy=make_policy("h2o"), budget=24, interval=4, sinks=2, window=12)
+    c = g.cache
+    assert c.window == 12 and c.steps > 5
+    tok = c.token[:, :, :, : c.n]
+    for t in list(range(2)) + list(range(c.seen - 12, c.seen)):
+        assert (tok == t).any(-1).all(), t
+    with pytest.raises(ValueError, match="sinks \\+ window"):
+        generate(qwen3, ids, max_new_tokens=5, policy=make_policy("h2o"), budget=24, interval=4, sinks=2, window=23)
