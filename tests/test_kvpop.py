@@ -234,3 +234,42 @@ def test_kvpop_sft_trains_saves_resumes_and_evaluates(tiny_model_dir, tmp_path, 
     ids = torch.randint(8, 170, (1, 12))
     model.generate(ids, cache=cache, max_new_tokens=30, do_sample=False)
     assert cache.n <= 24 and cache.seen >= 30
+
+
+def test_kvpop_deepspeed_two_processes_equal_one_process(tiny_model_dir, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    sets = [f"model.path={tiny_model_dir}", *KSETS, "kvpop.scorer=mlstm", "sft.steps=3", "kvpop.queries_per_trace=8"]
+    r = load_recipe("recipes/tiny-qwen3.yaml", sets)
+    traces.make_traces(r, tmp_path / "tr", progress=False, log=lambda *_: None)
+    cmd = [os.path.join(os.path.dirname(sys.executable), "deepspeed"), "--num_gpus", "2", "--master_port", "29543",
+           "--module", "foresight", "sft", "--recipe", "recipes/tiny-qwen3.yaml", "--traces", str(tmp_path / "tr"),
+           "--out", str(tmp_path / "ds"), "--deepspeed", "recipes/ds/zero2.json", "--no-progress",
+           *[x for s in sets for x in ("--set", s)]]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    w0 = load_file(str(tmp_path / "ds" / "ckpt" / "final-rank0.safetensors"))
+    w1 = load_file(str(tmp_path / "ds" / "ckpt" / "final-rank1.safetensors"))
+    single, _ = train_sft(r, tmp_path / "tr", tmp_path / "single", progress=False, log=lambda *_: None)
+    for k, v in single.state_dict().items():
+        assert torch.equal(w0[k], w1[k]), k
+        assert torch.allclose(w0[k], v, atol=1e-5), k
+
+
+def test_mlstm_one_shot_prefill_is_processed_in_blocks(qwen3):
+    """transformers' generate feeds the whole prompt at once: the mLSTM splits it and gets the same priorities."""
+    sc = scorer_for_model(qwen3, KVpopConfig(scorer="mlstm", window=5, sinks=1, hidden=8, memory_dim=4, block=8),
+                          budget=100)
+    ids = torch.randint(8, 170, (1, 30))
+    data = kvpop_targets(qwen3, ids, window=5)
+    want = sc.sequence_priorities(data["keys"], data["values"])
+    cache = BoundedCache(qwen3.config, KVpopPolicy(sc), 100, 4)
+    with torch.no_grad():
+        qwen3(input_ids=ids, cache=cache, use_cache=True)
+    r = cache.slot_data["kvpop_r"][:, 0, :, :25]
+    got = sc.priority(r[:, None], torch.arange(25).expand(2, 1, 2, 25))[:, 0]
+    assert torch.allclose(got, want[..., :25], atol=1e-4)

@@ -182,7 +182,15 @@ class KVpopMLSTM(_KVpopScorer):
     def observe(self, cache, layer: int, n_old: int, count: int) -> None:
         """New pairs in slots [n_old, n_old + count): update the memory; score the tokens that leave the window
         (delayed) or the new tokens themselves (immediate) into the cache's per-slot priorities."""
-        valid = cache._chunk[2].float()  # [b, count]
+        if count > self.block:  # a long one-shot prefill: bounded [block × block] work at a time
+            for c0 in range(0, count, self.block):
+                self._observe_part(cache, layer, n_old, c0, min(self.block, count - c0))
+            return
+        self._observe_part(cache, layer, n_old, 0, count)
+
+    def _observe_part(self, cache, layer: int, n_old: int, c0: int, count: int) -> None:
+        valid = cache._chunk[2][:, c0:c0 + count].float()  # [b, count]
+        n_old = n_old + c0
         K, V = cache.keys[layer], cache.values[layer]
         x_new = torch.cat([K[:, :, n_old:n_old + count], V[:, :, n_old:n_old + count]], -1)
         state = cache.policy_state.get(layer)

@@ -128,13 +128,13 @@ def train_kvpop(recipe, traces_dir, out, resume: bool = False, deepspeed_config=
     for step in bar:
         rng = random.Random(cfg.seed * 1_000_003 + step)
         batch = [rng.choice(train_idx) for _ in range(cfg.batch_traces)]
-        gen = torch.Generator().manual_seed(cfg.seed * 7 + step)
         losses, accs = [], []
-        for i in batch[rank::world]:
-            ex = example(i)
+        for j in range(rank, len(batch), world):  # each trace's query sample depends on (step, slot), not the rank
+            ex = example(batch[j])
             nq = len(ex["q"])
             idx = None
             if kc.queries_per_trace and kc.queries_per_trace < nq:
+                gen = torch.Generator().manual_seed((cfg.seed * 1_000_003 + step) * 64 + j)
                 idx = torch.randperm(nq, generator=gen)[: kc.queries_per_trace]
             p_hat = scorer.sequence_priorities(ex["keys"].to(device), ex["values"].to(device))
             loss, acc = boundary_loss(p_hat, ex, kc, idx)
