@@ -52,7 +52,7 @@ def bench_rollout(sizes=(4096, 8192, 16384), B=512, L=128):
         ids = torch.randint(8, 170, (1, S), generator=torch.Generator().manual_seed(S))
         with torch.no_grad():
             dense = _time(lambda: model(input_ids=ids, use_cache=False), repeat=2)
-        roll = _time(lambda: rollout(model, ids, make_policy("h2o"), B, L), repeat=1)
+        roll = _time(lambda: rollout(model, ids, make_policy("h2o"), B, L), repeat=2)
         row = {"S": S, "dense_forward_s": round(dense, 3), "rollout_s": round(roll, 3),
                "rollout_over_dense": round(roll / dense, 3)}
         if S <= 8192:

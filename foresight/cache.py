@@ -350,10 +350,10 @@ class BoundedCache(Cache):
             return out.transpose(1, 2)
         qtok = torch.arange(self.seen, self.seen + q, device=query.device)
         own = torch.arange(n, device=query.device)[None, :] == (n_old + torch.arange(q, device=query.device))[:, None]
-        probs, vis = self._probs(layer_idx, query, n, qtok, own, scaling)
+        probs, hidden = self._probs(layer_idx, query, n, qtok, own, scaling)
         out = torch.matmul(probs.to(V.dtype), V.unsqueeze(2))  # [b,h,g,q,d]
         with torch.no_grad():
-            self._accumulate(layer_idx, probs, vis, valid, query, qtok)
+            self._accumulate(layer_idx, probs, hidden, valid, query, qtok)
             if layer_idx == self.num_layers - 1:
                 self._finish_chunk()
         return out.reshape(b, hq, q, d).transpose(1, 2)
@@ -369,19 +369,23 @@ class BoundedCache(Cache):
         vis = (ktok[:, :, None, None, :] <= qtok[None, None, None, :, None]) & (ktok >= 0)[:, :, None, None, :]
         if own is not None:
             vis = vis | own
-        probs = scores.masked_fill(~vis, float("-inf")).softmax(-1)
-        return probs.nan_to_num(0.0) if own is None else probs, vis
+        hidden = ~vis
+        probs = torch.softmax(scores.masked_fill_(hidden, float("-inf")), -1)
+        return probs.nan_to_num_(0.0) if own is None else probs, hidden
 
     @torch.no_grad()
-    def _accumulate(self, layer_idx: int, probs, vis, valid, query, qtok):
-        """Add a group of queries' attention to the block statistics and remember the latest queries."""
+    def _accumulate(self, layer_idx: int, probs, hidden, valid, query, qtok):
+        """Add a group of queries' attention to the block statistics and remember the latest queries.
+        ``hidden``: the [.., q, n] mask of keys a query could not see; ``valid`` [b, q]: real (not padding) queries."""
         n, q = probs.shape[-1], probs.shape[-2]
+        all_valid = bool(valid.all())
         qv = valid[:, None, None, :, None]
-        w = probs * qv
-        self.st_sum[layer_idx, ..., :n] += w.sum(3)
-        self.st_cum[layer_idx, ..., :n] += w.sum(3)
+        w = probs if all_valid else probs * qv
+        wsum = w.sum(3)
+        self.st_sum[layer_idx, ..., :n] += wsum
+        self.st_cum[layer_idx, ..., :n] += wsum
         torch.maximum(self.st_max[layer_idx, ..., :n], w.amax(3), out=self.st_max[layer_idx, ..., :n])
-        wmin = probs.masked_fill(~(vis & qv), float("inf")).amin(3)
+        wmin = probs.masked_fill(hidden if all_valid else (hidden | ~qv), float("inf")).amin(3)
         torch.minimum(self.st_min[layer_idx, ..., :n], wmin, out=self.st_min[layer_idx, ..., :n])
         keep = min(q, F.QUERY_WINDOW)
         self.rq[layer_idx] = torch.cat([self.rq[layer_idx], query[:, :, q - keep:]], dim=2)[:, :, -F.QUERY_WINDOW:]
@@ -399,8 +403,8 @@ class BoundedCache(Cache):
         qtok, valid = self.pq_token[:P].clone(), self.pq_valid[:, :P].clone()
         for layer in range(self.num_layers):
             query = self.pq[layer, :, :, :P]
-            probs, vis = self._probs(layer, query, n, qtok, None, scale)
-            self._accumulate(layer, probs, vis, valid, query, qtok)
+            probs, hidden = self._probs(layer, query, n, qtok, None, scale)
+            self._accumulate(layer, probs, hidden, valid, query, qtok)
         self.n_pq = 0
 
     # ---------------------------------------------------------------------------------------------- evict
