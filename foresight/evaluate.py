@@ -11,9 +11,10 @@ For each (method, budget B:L) it reports, on ``eval.num_problems`` held-out prob
 * ``recall_at_L`` — overlap of the method's L evictions with Golden Eviction's along the golden trajectory;
 * ``mean_cache`` — mean pairs held per (sequence, layer, KV head) over the teacher-forced traces.
 
-Methods: ``full``, ``golden`` (teacher-forced only: it needs the future), the heuristics of
+Methods: ``full``, ``golden`` (teacher-forced only: it needs the future), ``kvpop-oracle`` (KVpop's teacher:
+the true future-attention target under the recipe's ``kvpop`` layout; teacher-forced only), the heuristics of
 :mod:`foresight.policies`, ``random-keep-prompt`` (random eviction with the prompt protected), and each
-``--scorers DIR`` (named ``foresight-<stage>``). ``eval.protect_prompt=true`` protects the prompt for every
+``--scorers DIR`` (named ``foresight-<stage>``, or ``kvpop-<scorer>`` for KVpop checkpoints). ``eval.protect_prompt=true`` protects the prompt for every
 method; the tables say which rows did. Outputs in OUT: ``results.json``, ``results.md``, ``accuracy.png``,
 ``loss_ratio.png`` and ``eviction_map.png``. Everything is seeded: the same command gives the same numbers.
 """
@@ -56,6 +57,10 @@ def build_methods(names: list[str], scorer_dirs: list, model, protect_all: bool)
             out.append(Method("full", lambda: None, is_full=True))
         elif n == "golden":
             out.append(Method("golden", None, protect_all, teacher_forced_only=True))
+        elif n == "kvpop-oracle":  # KVpop's teacher (true future-attention target), the recipe's kvpop layout
+            m = Method(n, None, protect_all, teacher_forced_only=True)
+            m.oracle = True
+            out.append(m)
         elif n == "random-keep-prompt":
             out.append(Method(n, lambda: make_policy("random"), protect_prompt=True))
         else:
@@ -114,11 +119,18 @@ def group_refs(refs: list[dict]) -> list[dict]:
     return out
 
 
-def teacher_forced(method: Method, model, grp, B, L, seed, golden_F=None, record=None, overflow="evict"):
+def teacher_forced(method: Method, model, grp, B, L, seed, golden_F=None, record=None, overflow="evict", kvpop=None):
     """Per-token losses [b, S] of a group of traces under the method, and the mean pairs held."""
     if method.is_full:
         return grp["loss"], float(grp["ids"].shape[1])
-    pol = GoldenPolicy(golden_F) if method.teacher_forced_only else method.factory()
+    if getattr(method, "oracle", False):
+        from foresight.kvpop.scorers import KVpopOraclePolicy, kvpop_oracle_priorities
+
+        if "kvpop_prio" not in grp:
+            grp["kvpop_prio"] = kvpop_oracle_priorities(model, grp["ids"], kvpop)
+        pol = KVpopOraclePolicy(grp["kvpop_prio"], kvpop.window, kvpop.sinks)
+    else:
+        pol = GoldenPolicy(golden_F) if method.teacher_forced_only else method.factory()
     gen = torch.Generator(device=grp["ids"].device).manual_seed(seed)
     res = rollout(model, grp["ids"], pol, B, L, sinks=method.sinks, protect_prompt=method.protect_prompt,
                   prompt_len=grp["prompt_len"], generator=gen, recorder=record, prompt_overflow=overflow)
@@ -219,7 +231,7 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
         for gi, grp in enumerate(groups):
             F = None if m.is_full else golden_for(gi, B, L)
             seed = ev.seed * 7919 + gi
-            loss, mean_held = teacher_forced(m, model, grp, B, L, seed, F, overflow=overflow)
+            loss, mean_held = teacher_forced(m, model, grp, B, L, seed, F, overflow=overflow, kvpop=recipe.kvpop)
             p = grp["prompt_len"]
             tot_e += loss[:, p:].sum().item()
             tot_f += grp["loss"][:, p:].sum().item()

@@ -220,8 +220,10 @@ def test_kvpop_sft_trains_saves_resumes_and_evaluates(tiny_model_dir, tmp_path, 
         resumed, _ = train_sft(r, tmp_path / "tr", tmp_path / "kv2", resume=True, progress=False, log=lambda *_: None)
         for k, v in scorer.state_dict().items():
             assert torch.allclose(v, resumed.state_dict()[k], atol=1e-6), k
-    rows = run_eval(r, tmp_path / "ev", methods="full,streamingllm", budgets="20:4", scorers=[out], progress=False,
-                    log=lambda *_: None)
+    rows = run_eval(r, tmp_path / "ev", methods="full,streamingllm,kvpop-oracle", budgets="20:4", scorers=[out],
+                    progress=False, log=lambda *_: None)
+    oracle = next(x for x in rows if x["method"] == "kvpop-oracle")
+    assert oracle["accuracy"] is None and oracle["loss_ratio"] > 0 and oracle["mean_cache"] <= 24
     row = next(x for x in rows if x["method"] == stage)
     assert row["mean_cache"] <= 24 and row["loss_ratio"] > 0
     assert (row["recall_at_L"] is None) == (kind == "mlstm")

@@ -249,6 +249,35 @@ def scorer_for_model(model, cfg, budget: int, seed: int = 0) -> _KVpopScorer:
     raise ValueError(f"kvpop.scorer must be 'mlp' or 'mlstm', got {cfg.scorer!r}")
 
 
+class KVpopOraclePolicy(Policy):
+    """KVpop's *teacher*: evicts by the true future-attention target's static priority (it needs the future, so
+    teacher-forced evaluation only). ``prio``: [b, nl, h, S], one trace per row (see ``kvpop_oracle_priorities``).
+    Separates the target's quality from the scorers' on a task."""
+
+    needs_attention = False
+
+    def __init__(self, prio: torch.Tensor, window: int, sinks: int):
+        self.prio, self.layout_window, self.layout_sinks = prio, window, sinks
+
+    def score(self, view):
+        idx = view.token.clamp(min=0).permute(1, 0, 2, 3)  # [b, nl, h, n]
+        vals = self.prio.to(view.token.device).gather(-1, idx).permute(1, 0, 2, 3)
+        return -vals
+
+
+@torch.no_grad()
+def kvpop_oracle_priorities(model, ids: torch.Tensor, kc) -> torch.Tensor:
+    """[b, nl, h, S] static target priorities (with the recipe's decay) of equal-length traces ``ids`` [b, S]."""
+    from foresight.kvpop.target import kvpop_targets
+
+    out = []
+    for row in ids:
+        tgt = kvpop_targets(model, row[None], kc.window, kc.eps, kc.agg, kc.block)["target"]  # [nl, h, S]
+        tok = torch.arange(tgt.shape[-1], device=tgt.device).expand_as(tgt)
+        out.append(static_priority(tgt, tok, torch.tensor(math.log(kc.gamma)), kc.decay_step))
+    return torch.stack(out)
+
+
 class KVpopPolicy(Policy):
     """Eviction by a trained KVpop scorer: keeps sinks, the window and the top-k by decayed priority."""
 
