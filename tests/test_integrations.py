@@ -40,5 +40,5 @@ def test_sampler_option_is_seeded(tmp_path):
     outs = []
     for _ in range(2):
         c = ForesightCache.from_pretrained(tmp_path / "ck", model, selection="sample", seed=5)
-        outs.append(model.generate(ids, past_key_values=c, max_new_tokens=30, do_sample=False))
+        outs.append(model.generate(ids, cache=c, max_new_tokens=30, do_sample=False))
     assert torch.equal(outs[0], outs[1])
