@@ -11,14 +11,15 @@ RoPE: a kept key keeps its absolute position, queries keep their true positions.
 included) of the pair in each slot, ``-1`` for pads and empty slots; causality is
 ``token[key] <= token[query]``.
 
-Eviction: when an update would overflow the capacity, ``L`` pairs per (layer, sequence, KV head) are dropped
-(more when a single oversized chunk was appended) so that ``B`` remain besides the protected prompt. The newest
-``window`` tokens (default ``interval``, the paper's scheme; KVpop sets its own window) are protected, so are the first ``sinks`` real tokens and, with ``protect_prompt``, every
-prompt token. A :class:`~foresight.policies.base.Policy` scores the candidates of all layers in one call
-(higher = evict first) and :mod:`foresight.selection` picks the slots (top-L or the Top-2L sampler).
-Padding slots (left padding) are always evicted first. A stateful policy (KVpop's mLSTM scorer) may define
-``observe(cache, layer, first_new_slot, count)``: it sees every new pair as it arrives and keeps per-slot values
-in :meth:`BoundedCache.slot_tensor`, which eviction gathers with the kept slots.
+Eviction: when an update would overflow the capacity, ``L`` pairs per (layer, sequence, KV head) are dropped (more
+when a single oversized chunk was appended) so that ``B`` remain besides the protected prompt. The newest
+``window`` tokens (default ``interval``, the paper's scheme; KVpop sets its own window) are protected, so are the
+first ``sinks`` real tokens and, with ``protect_prompt``, every prompt token. A
+:class:`~foresight.policies.base.Policy` scores the candidates of all layers in one call (higher = evict first) and
+:mod:`foresight.selection` picks the slots (top-L or the Top-2L sampler). Padding slots (left padding) are always
+evicted first. A stateful policy (KVpop's mLSTM scorer) may define ``observe(cache, layer, first_new_slot,
+count)``: it sees every new pair as it arrives and keeps per-slot values in :meth:`BoundedCache.slot_tensor`, which
+eviction gathers with the kept slots.
 """
 
 from __future__ import annotations

@@ -11,12 +11,13 @@ For each (method, budget B:L) it reports, on ``eval.num_problems`` held-out prob
 * ``recall_at_L`` — overlap of the method's L evictions with Golden Eviction's along the golden trajectory;
 * ``mean_cache`` — mean pairs held per (sequence, layer, KV head) over the teacher-forced traces.
 
-Methods: ``full``, ``golden`` (teacher-forced only: it needs the future), ``kvpop-oracle`` (KVpop's teacher:
-the true future-attention target under the recipe's ``kvpop`` layout; teacher-forced only), the heuristics of
-:mod:`foresight.policies`, ``random-keep-prompt`` (random eviction with the prompt protected), and each
-``--scorers DIR`` (named ``foresight-<stage>``, or ``kvpop-<scorer>`` for KVpop checkpoints). ``eval.protect_prompt=true`` protects the prompt for every
-method; the tables say which rows did. Outputs in OUT: ``results.json``, ``results.md``, ``accuracy.png``,
-``loss_ratio.png`` and ``eviction_map.png``. Everything is seeded: the same command gives the same numbers.
+Methods: ``full``, ``golden`` (teacher-forced only: it needs the future), ``kvpop-oracle`` (KVpop's teacher: the
+true future-attention target under the recipe's ``kvpop`` layout; teacher-forced only), the heuristics of
+:mod:`foresight.policies`, ``random-keep-prompt`` (random eviction with the prompt protected), and each ``--scorers
+DIR`` (named ``foresight-<stage>``, or ``kvpop-<scorer>`` for KVpop checkpoints). ``eval.protect_prompt=true``
+protects the prompt for every method; the tables say which rows did. Outputs in OUT: ``results.json``,
+``results.md``, ``accuracy.png``, ``loss_ratio.png`` and ``eviction_map.png``. Everything is seeded: the same
+command gives the same numbers.
 """
 
 from __future__ import annotations

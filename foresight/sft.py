@@ -161,25 +161,9 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
         return train_kvpop(recipe, traces_dir, out, resume, deepspeed_config, progress, log)
     if cfg.objective != "foresight":
         raise ValueError(f"sft.objective={cfg.objective!r} is not available (foresight | kvpop)")
-    if cfg.batch_traces % world:
-        raise ValueError(f"sft.batch_traces={cfg.batch_traces} must be divisible by the number of processes ({world})")
-    device = distributed.local_device(recipe.model.device)
-    torch.manual_seed(cfg.seed)
-    model, _ = load_model(recipe.model, device=str(device))
-    ds = load_traces(traces_dir)
-    train_idx, val_idx = split_traces(len(ds), 2)
-    if not train_idx:
-        raise ValueError(f"no training traces in {traces_dir}")
+    device, model, ds, train_idx, val_idx = load_stage_inputs(recipe, traces_dir, world)
     bank = bank_for_model(model, recipe.scorer.hidden, recipe.scorer.activation, recipe.scorer.features, cfg.seed)
-    opt = torch.optim.Adam(bank.parameters(), lr=cfg.lr)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, cfg.warmup, cfg.steps, cfg.schedule))
-    ckpt = out / "ckpt" / "state.pt"
-    # before DeepSpeed wraps the bank and optimizer (ZeRO partitions what is loaded here)
-    start = load_checkpoint(ckpt, resume, rank, bank, opt, sched, "SFT", log)
-    engine = None
-    ds_cfg = deepspeed_config or cfg.deepspeed
-    if ds_cfg:
-        engine = _deepspeed_engine(bank, opt, sched, ds_cfg, cfg)
+    opt, sched, ckpt, start, engine = setup_training(bank, cfg, out, resume, rank, deepspeed_config, "SFT", log)
 
     cache_examples: dict[int, list] = {}
 
@@ -226,12 +210,7 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
             for layer, r in enumerate(rec.tolist()):
                 writer.add_scalar(f"sft/recall@L/layer{layer}", r, step)
         bar.set_postfix(loss=f"{last['loss']:.4f}", recall=f"{last['recall']:.3f}")
-        if (step + 1) % cfg.ckpt_every == 0 or step + 1 == cfg.steps:
-            weights = full_state_dict(bank, engine)  # collective under ZeRO-3: every rank takes part
-            if rank == 0:
-                # under DeepSpeed the Adam moments live in its partitions: a resumed DeepSpeed run restarts them
-                atomic_save({"bank": weights, "opt": opt.state_dict() if engine is None else None,
-                             "sched": sched.state_dict(), "step": step + 1}, ckpt)
+        save_progress(step, cfg, bank, opt, sched, engine, ckpt, rank)
     train_seconds = time.time() - t0
     metrics = {"train_loss": round(last.get("loss", float("nan")), 5),
                "train_recall_at_L": round(last.get("recall", float("nan")), 4), "steps": cfg.steps,
@@ -249,6 +228,47 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
     finish_run(out, rank, world, weights, bank, model, recipe, "sft", metrics,
                {"training_data": str(traces_dir), "recipe": recipe.to_dict()}, writer, log)
     return bank, metrics
+
+
+def load_stage_inputs(recipe, traces_dir, world: int):
+    """What a scorer-training stage starts from: the device, the frozen LLM, the traces and their train/validation
+    split (the last 2 traces validate); clear errors for an indivisible batch or an empty dataset."""
+    cfg = recipe.sft
+    if cfg.batch_traces % world:
+        raise ValueError(f"sft.batch_traces={cfg.batch_traces} must be divisible by the number of processes ({world})")
+    device = distributed.local_device(recipe.model.device)
+    torch.manual_seed(cfg.seed)
+    model, _ = load_model(recipe.model, device=str(device))
+    ds = load_traces(traces_dir)
+    train_idx, val_idx = split_traces(len(ds), 2)
+    if not train_idx:
+        raise ValueError(f"no training traces in {traces_dir}")
+    return device, model, ds, train_idx, val_idx
+
+
+def setup_training(module, cfg, out: Path, resume: bool, rank: int, deepspeed_config, stage: str, log):
+    """Adam + the warm-up/cosine schedule for ``module``, the run's checkpoint (restored with ``--resume``, before
+    DeepSpeed wraps anything: ZeRO partitions what is loaded) and the DeepSpeed engine when configured.
+    Returns (opt, sched, ckpt path, first step, engine or None)."""
+    opt = torch.optim.Adam(module.parameters(), lr=cfg.lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, cfg.warmup, cfg.steps, cfg.schedule))
+    ckpt = out / "ckpt" / "state.pt"
+    start = load_checkpoint(ckpt, resume, rank, module, opt, sched, stage, log)
+    engine = None
+    ds_cfg = deepspeed_config or cfg.deepspeed
+    if ds_cfg:
+        engine = _deepspeed_engine(module, opt, sched, ds_cfg, cfg)
+    return opt, sched, ckpt, start, engine
+
+
+def save_progress(step: int, cfg, module, opt, sched, engine, ckpt: Path, rank: int) -> None:
+    """Every ``ckpt_every`` steps and at the end: the resumable state, written atomically by rank 0."""
+    if (step + 1) % cfg.ckpt_every == 0 or step + 1 == cfg.steps:
+        weights = full_state_dict(module, engine)  # collective under ZeRO-3: every rank takes part
+        if rank == 0:
+            # under DeepSpeed the Adam moments live in its partitions: a resumed DeepSpeed run restarts them
+            atomic_save({"bank": weights, "opt": opt.state_dict() if engine is None else None,
+                         "sched": sched.state_dict(), "step": step + 1}, ckpt)
 
 
 def finish_run(out: Path, rank: int, world: int, weights: dict, bank, model, recipe, stage: str, metrics: dict,

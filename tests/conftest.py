@@ -3,6 +3,8 @@ project's tokenizer so every stage can load them like any checkpoint."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
@@ -29,6 +31,36 @@ def tiny_llama(seed: int = 0):
                       num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=4096,
                       bos_token_id=ledger.BOS, eos_token_id=ledger.EOS, pad_token_id=ledger.PAD)
     return use_foresight_attention(LlamaForCausalLM(cfg).eval())
+
+
+def eager_attentions(model, ids):
+    """Dense attention probabilities of a tiny Qwen3 (per layer [b, Hq, S, S]) from transformers' eager path."""
+    eager = tiny_qwen3()
+    eager.load_state_dict(model.state_dict())
+    eager.set_attn_implementation("eager")
+    with torch.no_grad():
+        return eager(ids, output_attentions=True).attentions
+
+
+class Killed(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def killed_after_checkpoint(module):
+    """Within the block, ``module.atomic_save`` raises right after writing a checkpoint (a job killed there)."""
+    orig = module.atomic_save
+
+    def save_then_kill(obj, path):
+        orig(obj, path)
+        raise Killed()
+
+    module.atomic_save = save_then_kill
+    try:
+        with pytest.raises(Killed):
+            yield
+    finally:
+        module.atomic_save = orig
 
 
 @pytest.fixture

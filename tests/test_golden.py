@@ -3,17 +3,13 @@ import sys
 
 import torch
 
-from conftest import tiny_qwen3
+from conftest import eager_attentions
 from foresight.golden import GoldenPolicy, block_pooled_attention
 from foresight.rollout import rollout
 
 
 def dense_future(model, ids, B, L, pool):
-    eager = tiny_qwen3()
-    eager.load_state_dict(model.state_dict())
-    eager.set_attn_implementation("eager")
-    with torch.no_grad():
-        att = eager(ids, output_attentions=True).attentions
+    att = eager_attentions(model, ids)
     S = ids.shape[1]
     n_blocks = -(-(S - B) // L)
     out = []

@@ -3,6 +3,8 @@ import json
 import pytest
 import torch
 
+from conftest import killed_after_checkpoint
+
 from foresight import traces
 from foresight.config import load_recipe
 from foresight.grpo import clipped_objective, group_advantage, train_grpo
@@ -81,21 +83,8 @@ def test_grpo_runs_checkpoints_and_resumes(tiny_model_dir, tmp_path):
     # a run killed right after its step-2 checkpoint and resumed ends with the same weights
     import foresight.grpo as grpo_mod
 
-    class Kill(Exception):
-        pass
-
-    orig = grpo_mod.atomic_save
-
-    def save_then_kill(obj, path):
-        orig(obj, path)
-        raise Kill()
-
-    grpo_mod.atomic_save = save_then_kill
-    try:
-        with pytest.raises(Kill):
-            train_grpo(r, tdir, tmp_path / "sft", tmp_path / "grpo2", progress=False, log=lambda *_: None)
-    finally:
-        grpo_mod.atomic_save = orig
+    with killed_after_checkpoint(grpo_mod):
+        train_grpo(r, tdir, tmp_path / "sft", tmp_path / "grpo2", progress=False, log=lambda *_: None)
     assert torch.load(tmp_path / "grpo2" / "ckpt" / "state.pt", weights_only=False)["step"] == 2
     resumed, _ = train_grpo(r, tdir, tmp_path / "sft", tmp_path / "grpo2", resume=True, progress=False,
                             log=lambda *_: None)

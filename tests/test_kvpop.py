@@ -4,22 +4,18 @@ import math
 import pytest
 import torch
 
-from conftest import tiny_qwen3
+from conftest import eager_attentions, killed_after_checkpoint
 from foresight.cache import BoundedCache
 from foresight.config import KVpopConfig
 from foresight.generate import generate
-from foresight.kvpop.scorers import KVpopMLP, KVpopMLSTM, KVpopPolicy, scorer_for_model
+from foresight.kvpop.scorers import KVpopPolicy, scorer_for_model
 from foresight.kvpop.target import forward_lse, future_attention_mass, kvpop_targets, target_from_mass
 from foresight.kvpop.topk import boundary_pairs, static_priority, topk_recall, topk_sets
 from foresight.rollout import rollout
 
 
 def dense_target(model, ids, window, eps, agg):
-    eager = tiny_qwen3()
-    eager.load_state_dict(model.state_dict())
-    eager.set_attn_implementation("eager")
-    with torch.no_grad():
-        att = eager(ids, output_attentions=True).attentions
+    att = eager_attentions(model, ids)
     S = ids.shape[1]
     out = []
     for A in att:  # [1, Hq, S, S]
@@ -202,21 +198,8 @@ def test_kvpop_sft_trains_saves_resumes_and_evaluates(tiny_model_dir, tmp_path, 
     if kind == "mlstm" and delayed:  # resume after a kill gives the same weights
         import foresight.sft as sft_mod
 
-        class Kill(Exception):
-            pass
-
-        orig = sft_mod.atomic_save
-
-        def save_then_kill(obj, path):
-            orig(obj, path)
-            raise Kill()
-
-        sft_mod.atomic_save = save_then_kill
-        try:
-            with pytest.raises(Kill):
-                train_sft(r, tmp_path / "tr", tmp_path / "kv2", progress=False, log=lambda *_: None)
-        finally:
-            sft_mod.atomic_save = orig
+        with killed_after_checkpoint(sft_mod):
+            train_sft(r, tmp_path / "tr", tmp_path / "kv2", progress=False, log=lambda *_: None)
         resumed, _ = train_sft(r, tmp_path / "tr", tmp_path / "kv2", resume=True, progress=False, log=lambda *_: None)
         for k, v in scorer.state_dict().items():
             assert torch.allclose(v, resumed.state_dict()[k], atol=1e-6), k

@@ -32,8 +32,6 @@ from foresight import distributed
 from foresight.kvpop.scorers import scorer_for_model
 from foresight.kvpop.target import kvpop_targets
 from foresight.kvpop.topk import boundary_pairs, static_priority, topk_recall
-from foresight.models import load_model
-from foresight.traces import load_traces
 
 
 @torch.no_grad()
@@ -77,31 +75,16 @@ def boundary_loss(p_hat: torch.Tensor, ex: dict, kc, idx: torch.Tensor | None = 
 
 def train_kvpop(recipe, traces_dir, out, resume: bool = False, deepspeed_config=None, progress: bool = True,
                 log=print):
-    from foresight.sft import _deepspeed_engine, finish_run, full_state_dict, load_checkpoint, lr_lambda, \
-        optimizer_step, atomic_save, split_traces
+    from foresight.sft import finish_run, full_state_dict, load_stage_inputs, optimizer_step, save_progress, \
+        setup_training
 
     out = Path(out)
     cfg, kc, cc = recipe.sft, recipe.kvpop, recipe.cache
     rank, world = distributed.rank_world()
-    if cfg.batch_traces % world:
-        raise ValueError(f"sft.batch_traces={cfg.batch_traces} must be divisible by the number of processes ({world})")
-    device = distributed.local_device(recipe.model.device)
-    torch.manual_seed(cfg.seed)
-    model, _ = load_model(recipe.model, device=str(device))
-    ds = load_traces(traces_dir)
-    train_idx, val_idx = split_traces(len(ds), 2)
-    if not train_idx:
-        raise ValueError(f"no training traces in {traces_dir}")
+    device, model, ds, train_idx, val_idx = load_stage_inputs(recipe, traces_dir, world)
     scorer = scorer_for_model(model, kc, cc.budget, cfg.seed).to(device)
     k = cc.budget - kc.sinks - kc.window
-    opt = torch.optim.Adam(scorer.parameters(), lr=cfg.lr)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, cfg.warmup, cfg.steps, cfg.schedule))
-    ckpt = out / "ckpt" / "state.pt"
-    start = load_checkpoint(ckpt, resume, rank, scorer, opt, sched, "KVpop", log)
-    engine = None
-    ds_cfg = deepspeed_config or cfg.deepspeed
-    if ds_cfg:
-        engine = _deepspeed_engine(scorer, opt, sched, ds_cfg, cfg)
+    opt, sched, ckpt, start, engine = setup_training(scorer, cfg, out, resume, rank, deepspeed_config, "KVpop", log)
 
     examples: dict[int, dict] = {}
 
@@ -149,11 +132,7 @@ def train_kvpop(recipe, traces_dir, out, resume: bool = False, deepspeed_config=
             for name, v in last.items():
                 writer.add_scalar(f"kvpop/{name}", v, step)
         bar.set_postfix(loss=f"{last['loss']:.4f}", acc=f"{last['boundary_acc']:.3f}")
-        if (step + 1) % cfg.ckpt_every == 0 or step + 1 == cfg.steps:
-            weights = full_state_dict(scorer, engine)
-            if rank == 0:
-                atomic_save({"bank": weights, "opt": opt.state_dict() if engine is None else None,
-                             "sched": sched.state_dict(), "step": step + 1}, ckpt)
+        save_progress(step, cfg, scorer, opt, sched, engine, ckpt, rank)
     metrics = {"train_loss": round(last.get("loss", float("nan")), 5),
                "train_boundary_acc": round(last.get("boundary_acc", float("nan")), 4), "steps": cfg.steps,
                "train_seconds_this_run": round(time.time() - t0, 1)}
