@@ -160,6 +160,7 @@ class BoundedCache(Cache):
         self._pending_valid = None
         self._chunk = None  # (n_old, q, valid[b, q]) of the forward in progress
         self.peak_slots = 0
+        self.scaling = self.head_dim ** -0.5  # the attention's softmax scale (the model's, once attend has run)
         self.slot_data: dict[str, torch.Tensor] = {}  # per-slot tensors of stateful policies, kept in step
         self.policy_state: dict = {}  # anything else a stateful policy carries (e.g. a recurrent memory)
 
@@ -296,7 +297,7 @@ class BoundedCache(Cache):
             valid = torch.ones(b, q, dtype=torch.bool, device=dev)
         valid = valid.to(dev)
         self._chunk = (self.n, q, valid)
-        if first_block and self.steps == 0:
+        if first_block:
             self._reset_block(slice(0, self.n))  # the block before the first eviction starts here
         tok = torch.arange(self.seen, self.seen + q, device=dev)
         if not self._all_started:  # the first real token of each row (sinks are counted from it)
@@ -400,7 +401,7 @@ class BoundedCache(Cache):
         P, n = self.n_pq, self.n
         if P == 0:
             return
-        scale = getattr(self, "scaling", self.head_dim ** -0.5)
+        scale = self.scaling
         qtok, valid = self.pq_token[:P].clone(), self.pq_valid[:, :P].clone()
         for layer in range(self.num_layers):
             query = self.pq[layer, :, :, :P]
@@ -415,7 +416,7 @@ class BoundedCache(Cache):
         b = self.keys.shape[1]
         K = self.keys[:, :, :, :n]  # [nl,b,h,n,d]
         rq = self.rq.view(nl, b, h, g, F.QUERY_WINDOW, -1)
-        scale = getattr(self, "scaling", self.head_dim ** -0.5)
+        scale = self.scaling
         scores = torch.matmul(rq, K.unsqueeze(3).transpose(-1, -2)).float() * scale  # [nl,b,h,g,W,n]
         ktok = self.token[:, :, :, :n]
         vis = (ktok[:, :, :, None, None, :] <= self.rq_token[None, None, None, None, :, None]) & \
