@@ -176,6 +176,11 @@ def check_compatible(cfg: dict, model) -> None:
                                   + "; ".join(diffs))
 
 
+def is_kvpop(spec: dict) -> bool:
+    """Whether a checkpoint's ``scorer`` spec holds KVpop scorers (``kind``; ForesightKV banks have none)."""
+    return str(spec.get("kind", "foresight")).startswith("kvpop")
+
+
 def load_scorer(path: Path, model=None, device="cpu") -> tuple[ScorerBank, dict]:
     """A checkpoint's scorers (a ForesightKV :class:`ScorerBank`, or a KVpop scorer when ``scorer.kind`` says so)
     and its config; with ``model``, refuse a checkpoint made for another model."""
@@ -183,7 +188,7 @@ def load_scorer(path: Path, model=None, device="cpu") -> tuple[ScorerBank, dict]
     if model is not None:
         check_compatible(cfg, model)
     s = cfg["scorer"]
-    if s.get("kind", "foresight").startswith("kvpop"):
+    if is_kvpop(s):
         from foresight.kvpop.scorers import build_from_spec
 
         bank = build_from_spec(s)
@@ -200,13 +205,13 @@ def load_scorer(path: Path, model=None, device="cpu") -> tuple[ScorerBank, dict]
 
 def method_name(cfg: dict) -> str:
     """How evaluations name a checkpoint: ``foresight-<stage>`` (sft, grpo) or the KVpop stage itself."""
-    return cfg["stage"] if str(cfg["stage"]).startswith("kvpop") else f"foresight-{cfg['stage']}"
+    return cfg["stage"] if is_kvpop(cfg["scorer"]) else f"foresight-{cfg['stage']}"
 
 
 def policy_from_checkpoint(bank, cfg: dict, label: str | None = None) -> Policy:
     """The eviction policy that runs a loaded checkpoint's scorers inside the cache."""
     label = label or method_name(cfg)
-    if cfg["scorer"].get("kind", "foresight").startswith("kvpop"):
+    if is_kvpop(cfg["scorer"]):
         from foresight.kvpop.scorers import KVpopPolicy
 
         return KVpopPolicy(bank, label)
@@ -224,7 +229,7 @@ def _eval_table(rows) -> str:
 def model_card(cfg: dict) -> str:
     m = cfg.get("metrics") or {}
     sc = cfg["scorer"]
-    if sc.get("kind", "foresight").startswith("kvpop"):
+    if is_kvpop(sc):
         title = "KVpop eviction scorers (future-attention target, boundary loss)"
         layout = (f"KVpop layout: {sc['sinks']} sinks + window {sc['window']} + top-k by priority (decay γ = "
                   f"{sc['gamma']} every {sc['decay_step']} tokens)")
