@@ -27,7 +27,7 @@ import math
 import torch
 from torch import nn
 
-from foresight.kvpop.topk import static_priority
+from foresight.kvpop.topk import static_priority, trace_priority
 from foresight.policies.base import Policy
 from foresight.scorer import ScorerBank
 
@@ -74,8 +74,7 @@ class _KVpopScorer(nn.Module):
     def sequence_priorities(self, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """Whole-trace static priorities: keys/values [nl, h, S, d] -> [nl, h, S]."""
         r = self.sequence_scores(keys, values)
-        tok = torch.arange(r.shape[-1], device=r.device).expand_as(r)
-        return static_priority(r, tok, self.log_gamma[:, :, None], self.decay_step)
+        return trace_priority(r, self.log_gamma[:, :, None], self.decay_step)
 
     def base_spec(self) -> dict:
         return {"kind": self.kind, "num_layers": self.num_layers, "num_key_value_heads": self.kv_heads,
@@ -273,8 +272,7 @@ def kvpop_oracle_priorities(model, ids: torch.Tensor, kc) -> torch.Tensor:
     out = []
     for row in ids:
         tgt = kvpop_targets(model, row[None], kc.window, kc.eps, kc.agg, kc.block)["target"]  # [nl, h, S]
-        tok = torch.arange(tgt.shape[-1], device=tgt.device).expand_as(tgt)
-        out.append(static_priority(tgt, tok, torch.tensor(math.log(kc.gamma)), kc.decay_step))
+        out.append(trace_priority(tgt, torch.tensor(math.log(kc.gamma)), kc.decay_step))
     return torch.stack(out)
 
 

@@ -29,6 +29,12 @@ def static_priority(r: torch.Tensor, token: torch.Tensor, log_gamma: torch.Tenso
     return r - steps * log_gamma.to(r.dtype)
 
 
+def trace_priority(r: torch.Tensor, log_gamma: torch.Tensor, step: int) -> torch.Tensor:
+    """:func:`static_priority` of whole traces: r [..., S] indexed by token position (token t at index t)."""
+    tok = torch.arange(r.shape[-1], device=r.device).expand_as(r)
+    return static_priority(r, tok, log_gamma, step)
+
+
 def boundary_pairs(p: torch.Tensor, sinks: int, window: int, k: int) -> dict:
     """Teacher decisions at every boundary query, for every head.
 

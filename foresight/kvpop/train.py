@@ -31,7 +31,7 @@ import torch
 from foresight import distributed
 from foresight.kvpop.scorers import scorer_for_model
 from foresight.kvpop.target import kvpop_targets
-from foresight.kvpop.topk import boundary_pairs, static_priority, topk_recall
+from foresight.kvpop.topk import boundary_pairs, topk_recall, trace_priority
 
 
 @torch.no_grad()
@@ -40,8 +40,7 @@ def trace_example(model, ids: torch.Tensor, kc, k: int, log_gamma: torch.Tensor)
     data = kvpop_targets(model, ids, kc.window, kc.eps, kc.agg, kc.block)
     tgt = data["target"].cpu()  # [nl, h, S]
     nl, h, S = tgt.shape
-    tok = torch.arange(S).expand_as(tgt)
-    p = static_priority(tgt, tok, log_gamma.cpu()[:, :, None], kc.decay_step)
+    p = trace_priority(tgt, log_gamma.cpu()[:, :, None], kc.decay_step)
     pairs = boundary_pairs(p.reshape(nl * h, S), kc.sinks, kc.window, k)
     gap = (p.reshape(nl * h, S).gather(1, pairs["t_new"].expand(nl * h, -1)) -
            p.reshape(nl * h, S).gather(1, pairs["t_bnd"])).abs()
