@@ -34,6 +34,8 @@ from foresight import features as F
 from foresight import selection
 
 _active = threading.local()
+_STAT_ORDER = ("sum", "max", "cum", "decay", "min")  # the per-slot statistics buffer (min last: it starts at +inf)
+_CUM, _MIN = _STAT_ORDER.index("cum"), _STAT_ORDER.index("min")
 
 
 def validate_budget(budget: int, interval: int, sinks: int = 0, window: int | None = None) -> None:
@@ -53,6 +55,30 @@ def validate_budget(budget: int, interval: int, sinks: int = 0, window: int | No
             raise ValueError(f"protected window must be >= 0, got {window}")
         if budget < sinks + window:
             raise ValueError(f"budget B={budget} must be at least sinks + window = {sinks} + {window}")
+
+
+class _Stats(dict):
+    """The statistics of one eviction step. The window sums (``w1``..``w32``, ``pivot32``) are recomputed from the
+    kept queries only when a policy asks for one (H2O, for instance, never pays for them)."""
+
+    def __init__(self, base: dict, compute_windows):
+        super().__init__(base)
+        self._compute_windows = compute_windows
+
+    def __missing__(self, key):
+        if self._compute_windows is None or key not in _WINDOW_KEYS:
+            raise KeyError(key)
+        self.materialize()
+        return dict.__getitem__(self, key)
+
+    def materialize(self) -> "_Stats":
+        if self._compute_windows is not None:
+            self.update(self._compute_windows())
+            self._compute_windows = None
+        return self
+
+
+_WINDOW_KEYS = {f"w{w}" for w in F.WINDOWS} | {"pivot32"}
 
 
 @dataclasses.dataclass
@@ -75,7 +101,7 @@ class EvictionView:
     def snapshot(self) -> "EvictionView":
         """A copy that later cache updates cannot change (the cache's tensors are reused in place)."""
         return dataclasses.replace(self, keys=self.keys.clone(), values=self.values.clone(), token=self.token.clone(),
-                                   stats={k: v.clone() for k, v in self.stats.items()},
+                                   stats={k: v.clone() for k, v in _materialized(self.stats).items()},
                                    evictable=self.evictable.clone(),
                                    slot={k: v.clone() for k, v in self.slot.items()})
 
@@ -83,6 +109,10 @@ class EvictionView:
         """[nl, b, h, n, 8*g]: the statistics in features.STAT_NAMES order, query heads innermost."""
         st = torch.stack([self.stats[k] for k in F.STAT_NAMES], dim=-1)  # [nl,b,h,g,n,8]
         return st.permute(0, 1, 2, 4, 5, 3).flatten(-2)
+
+
+def _materialized(stats: dict) -> dict:
+    return stats.materialize() if isinstance(stats, _Stats) else stats
 
 
 class _LayerHandle(CacheLayerMixin):
@@ -158,6 +188,8 @@ class BoundedCache(Cache):
         self.steps = 0  # evictions done
         self.keys = None
         self._pending_valid = None
+        self._pad_seen = False  # some fed token was padding (then attention masks are built in full)
+        self._tri: dict[int, torch.Tensor] = {}
         self._chunk = None  # (n_old, q, valid[b, q]) of the forward in progress
         self.peak_slots = 0
         self.scaling = self.head_dim ** -0.5  # the attention's softmax scale (the model's, once attend has run)
@@ -208,15 +240,12 @@ class BoundedCache(Cache):
             self.protect_prompt = False  # prompt_overflow=evict: fall back to normal eviction of the prompt
         cap = max(self.capacity, key_states.shape[-2], 1) if not self.full else max(key_states.shape[-2], 64)
         nl, h, g, d = self.num_layers, self.kv_heads, self.group, self.head_dim
-        self.keys = torch.zeros(nl, b, h, cap, d, device=dev, dtype=dt)
-        self.values = torch.zeros(nl, b, h, cap, d, device=dev, dtype=dt)
+        # one buffer for keys and values, one for the five per-slot statistics: eviction gathers each in one call
+        self.kv = torch.zeros(2, nl, b, h, cap, d, device=dev, dtype=dt)
         self.token = torch.full((nl, b, h, cap), -1, device=dev, dtype=torch.long)
-        f32 = dict(device=dev, dtype=torch.float32)
-        self.st_sum = torch.zeros(nl, b, h, g, cap, **f32)
-        self.st_max = torch.zeros(nl, b, h, g, cap, **f32)
-        self.st_min = torch.full((nl, b, h, g, cap), float("inf"), **f32)
-        self.st_cum = torch.zeros(nl, b, h, g, cap, **f32)
-        self.st_decay = torch.zeros(nl, b, h, g, cap, **f32)
+        self.st = torch.zeros(len(_STAT_ORDER), nl, b, h, g, cap, device=dev, dtype=torch.float32)
+        self.st[_MIN] = float("inf")
+        self._bind()
         W = F.QUERY_WINDOW
         self.rq = torch.zeros(nl, b, self.q_heads, W, d, device=dev, dtype=dt)  # the last W queries
         self.rq_token = torch.full((W,), -1, device=dev, dtype=torch.long)
@@ -229,6 +258,12 @@ class BoundedCache(Cache):
         self.pq_token = torch.full((P,), -1, device=dev, dtype=torch.long)
         self.pq_valid = torch.zeros(b, P, device=dev, dtype=torch.bool)
         self.n_pq = 0
+
+    def _bind(self):
+        """Name the views of the shared buffers (``keys``, ``values``, ``st_sum`` ...)."""
+        self.keys, self.values = self.kv[0], self.kv[1]
+        for i, name in enumerate(_STAT_ORDER):
+            setattr(self, "st_" + name, self.st[i])
 
     def slot_tensor(self, name: str, fill: float = 0.0) -> torch.Tensor:
         """A per-slot float tensor ``[nl, b, h, capacity]`` owned by a policy; eviction gathers it with the kept
@@ -249,11 +284,12 @@ class BoundedCache(Cache):
             shape[dim] = extra
             return torch.cat([t, torch.full(shape, fill, dtype=t.dtype, device=t.device)], dim=dim)
 
-        self.keys, self.values = ext(self.keys, 3, 0), ext(self.values, 3, 0)
+        self.kv = ext(self.kv, 4, 0)
         self.token = ext(self.token, 3, -1)
-        self.st_sum, self.st_max, self.st_cum, self.st_decay = (ext(t, 4, 0) for t in
-                                                                (self.st_sum, self.st_max, self.st_cum, self.st_decay))
-        self.st_min = ext(self.st_min, 4, float("inf"))
+        st = ext(self.st, 5, 0)
+        st[_MIN, ..., cap:] = float("inf")
+        self.st = st
+        self._bind()
         for name, t in self.slot_data.items():
             self.slot_data[name] = ext(t, 3, 0.0)
 
@@ -295,7 +331,10 @@ class BoundedCache(Cache):
         self._pending_valid = None
         if valid is None:
             valid = torch.ones(b, q, dtype=torch.bool, device=dev)
-        valid = valid.to(dev)
+        else:
+            valid = valid.to(dev)
+            if not self._pad_seen and not bool(valid.all()):
+                self._pad_seen = True
         self._chunk = (self.n, q, valid)
         if first_block:
             self._reset_block(slice(0, self.n))  # the block before the first eviction starts here
@@ -351,8 +390,7 @@ class BoundedCache(Cache):
                     self._flush()
             return out.transpose(1, 2)
         qtok = torch.arange(self.seen, self.seen + q, device=query.device)
-        own = torch.arange(n, device=query.device)[None, :] == (n_old + torch.arange(q, device=query.device))[:, None]
-        probs, hidden = self._probs(layer_idx, query, n, qtok, own, scaling)
+        probs, hidden = self._probs(layer_idx, query, n, qtok, True, scaling)
         out = torch.matmul(probs.to(V.dtype), V.unsqueeze(2))  # [b,h,g,q,d]
         with torch.no_grad():
             self._accumulate(layer_idx, probs, hidden, valid, query, qtok)
@@ -360,35 +398,56 @@ class BoundedCache(Cache):
                 self._finish_chunk()
         return out.reshape(b, hq, q, d).transpose(1, 2)
 
-    def _probs(self, layer_idx: int, query, n: int, qtok, own, scaling: float):
+    def _probs(self, layer_idx: int, query, n: int, qtok, own: bool, scaling: float):
         """Post-softmax attention [b, h, g, q, n] of ``query`` [b, Hq, q, d] (tokens ``qtok``) to the first n slots,
-        causal by token index; ``own`` [q, n] marks each query's own slot (a padding query sees only itself)."""
+        causal by token index. The q queries are the tokens of the last q slots (a chunk, or the replayed decoding
+        queries), so every older slot is visible to all of them and only the newest [q, q] block is causal.
+        ``own``: a padding query sees its own slot (chunks; its output is never used).
+
+        Returns the probabilities and the mask of keys a query could not see: ``None`` when no padding was ever fed
+        (then the hidden keys are exactly the upper triangle of the newest block, see :meth:`_causal`)."""
         b, hq, q, d = query.shape
         h, g = self.kv_heads, self.group
         K = self.keys[layer_idx, :, :, :n]
-        ktok = self.token[layer_idx, :, :, :n]
         scores = torch.matmul(query.view(b, h, g, q, d), K.unsqueeze(2).transpose(-1, -2)).float() * scaling
+        if not self._pad_seen:
+            scores[..., n - q:].masked_fill_(~self._causal(q, query.device), float("-inf"))
+            return torch.softmax(scores, -1), None
+        ktok = self.token[layer_idx, :, :, :n]
         vis = (ktok[:, :, None, None, :] <= qtok[None, None, None, :, None]) & (ktok >= 0)[:, :, None, None, :]
-        if own is not None:
-            vis = vis | own
+        if own:
+            vis = vis | (torch.arange(n, device=query.device)[None, :] == (n - q + torch.arange(q, device=query.device))[:, None])
         hidden = ~vis
         probs = torch.softmax(scores.masked_fill_(hidden, float("-inf")), -1)
-        return probs.nan_to_num_(0.0) if own is None else probs, hidden
+        return probs if own else probs.nan_to_num_(0.0), hidden
+
+    def _causal(self, q: int, device) -> torch.Tensor:
+        """[q, q] lower-triangular mask (query i sees the newest block's slots 0..i), cached per size."""
+        m = self._tri.get(q)
+        if m is None:
+            m = self._tri[q] = torch.ones(q, q, dtype=torch.bool, device=device).tril()
+        return m
 
     @torch.no_grad()
     def _accumulate(self, layer_idx: int, probs, hidden, valid, query, qtok):
         """Add a group of queries' attention to the block statistics and remember the latest queries.
         ``hidden``: the [.., q, n] mask of keys a query could not see; ``valid`` [b, q]: real (not padding) queries."""
         n, q = probs.shape[-1], probs.shape[-2]
-        all_valid = bool(valid.all())
-        qv = valid[:, None, None, :, None]
-        w = probs if all_valid else probs * qv
+        st_min = self.st_min[layer_idx]
+        if hidden is None:  # no padding: all queries real, only the newest [q, q] block is causal
+            w = probs
+            torch.minimum(st_min[..., :n - q], probs[..., :n - q].amin(3), out=st_min[..., :n - q])
+            newest = probs[..., n - q:].masked_fill(~self._causal(q, probs.device), float("inf")).amin(3)
+            torch.minimum(st_min[..., n - q:n], newest, out=st_min[..., n - q:n])
+        else:
+            qv = valid[:, None, None, :, None]
+            w = probs * qv
+            wmin = probs.masked_fill(hidden | ~qv, float("inf")).amin(3)
+            torch.minimum(st_min[..., :n], wmin, out=st_min[..., :n])
         wsum = w.sum(3)
         self.st_sum[layer_idx, ..., :n] += wsum
         self.st_cum[layer_idx, ..., :n] += wsum
         torch.maximum(self.st_max[layer_idx, ..., :n], w.amax(3), out=self.st_max[layer_idx, ..., :n])
-        wmin = probs.masked_fill(hidden if all_valid else (hidden | ~qv), float("inf")).amin(3)
-        torch.minimum(self.st_min[layer_idx, ..., :n], wmin, out=self.st_min[layer_idx, ..., :n])
         keep = min(q, F.QUERY_WINDOW)
         self.rq[layer_idx] = torch.cat([self.rq[layer_idx], query[:, :, q - keep:]], dim=2)[:, :, -F.QUERY_WINDOW:]
         if layer_idx == self.num_layers - 1:
@@ -405,13 +464,17 @@ class BoundedCache(Cache):
         qtok, valid = self.pq_token[:P].clone(), self.pq_valid[:, :P].clone()
         for layer in range(self.num_layers):
             query = self.pq[layer, :, :, :P]
-            probs, hidden = self._probs(layer, query, n, qtok, None, scale)
+            probs, hidden = self._probs(layer, query, n, qtok, False, scale)
             self._accumulate(layer, probs, hidden, valid, query, qtok)
         self.n_pq = 0
 
     # ---------------------------------------------------------------------------------------------- evict
-    def _window_stats(self, n: int) -> dict:
-        """Sums over the last 1/8/16/32 queries, recomputed from the kept queries (see features.py)."""
+    def _window_stats(self, n: int, at: tuple | None = None) -> dict:
+        """Sums over the last 1/8/16/32 queries, recomputed from the kept queries (see features.py). ``at``: the
+        (evictions, tokens seen) of the view asking; a view older than the cache's state cannot have them."""
+        if at is not None and at != (self.steps, self.seen):
+            raise RuntimeError("this EvictionView is stale: the cache changed since it was made, so its window "
+                               "statistics cannot be computed any more (use view.snapshot() to keep one)")
         nl, h, g = self.num_layers, self.kv_heads, self.group
         b = self.keys.shape[1]
         K = self.keys[:, :, :, :n]  # [nl,b,h,n,d]
@@ -431,16 +494,15 @@ class BoundedCache(Cache):
         return out
 
     def _reset_block(self, sl):
-        self.st_sum[..., sl] = 0
-        self.st_max[..., sl] = 0
-        self.st_min[..., sl] = float("inf")
+        self.st[:_CUM, ..., sl] = 0  # sum and max; cum and decay carry over
+        self.st[_MIN, ..., sl] = float("inf")
 
     def view(self) -> EvictionView:
         self._flush()
         n = self.n
         stats = {"max": self.st_max[..., :n], "min": torch.nan_to_num(self.st_min[..., :n], posinf=0.0),
                  "sum": self.st_sum[..., :n], "cum": self.st_cum[..., :n], "decay": self.st_decay[..., :n]}
-        stats.update(self._window_stats(n))
+        stats = _Stats(stats, lambda at=(self.steps, self.seen): self._window_stats(n, at))
         tok = self.token[:, :, :, :n]
         evictable = tok >= 0
         slot = torch.arange(n, device=tok.device)
@@ -476,7 +538,7 @@ class BoundedCache(Cache):
         else:
             chosen = selection.select_topk(scores, evictable, n_evict)
         drop = torch.zeros_like(evictable).scatter_(-1, chosen, True)
-        order = (drop.long() * n + torch.arange(n, device=tok.device)).argsort(-1)[..., : n - n_evict]
+        order = (~drop).nonzero()[:, -1].view(*drop.shape[:-1], n - n_evict)  # kept slots, ascending per row
         if self.recorder is not None:
             self.recorder({"step": self.steps, "seen": self.seen, "token": tok.clone(), "chosen": chosen,
                            "scores": scores, "evictable": evictable, "view": view.snapshot()})
@@ -487,22 +549,18 @@ class BoundedCache(Cache):
 
     def _gather(self, order):
         """Keep the slots ``order`` ([nl,b,h,k], ascending) in every per-slot tensor."""
-        k = order.shape[-1]
-        d = self.head_dim
-        idx_kv = order.unsqueeze(-1).expand(*order.shape, d)
-        self.keys[:, :, :, :k] = self.keys[:, :, :, : self.n].gather(3, idx_kv)
-        self.values[:, :, :, :k] = self.values[:, :, :, : self.n].gather(3, idx_kv)
-        self.token[:, :, :, :k] = self.token[:, :, :, : self.n].gather(3, order)
-        idx_st = order.unsqueeze(3).expand(order.shape[0], order.shape[1], order.shape[2], self.group, k)
-        for name in ("st_sum", "st_max", "st_min", "st_cum", "st_decay"):
-            t = getattr(self, name)
-            t[..., :k] = t[..., : self.n].gather(4, idx_st)
+        k, n = order.shape[-1], self.n
+        nl, b, h = order.shape[:3]
+        idx_kv = order[None, ..., None].expand(2, nl, b, h, k, self.head_dim)
+        self.kv[..., :k, :] = self.kv[..., :n, :].gather(4, idx_kv)
+        self.token[..., :k] = self.token[..., :n].gather(3, order)
+        idx_st = order[None, :, :, :, None].expand(len(_STAT_ORDER), nl, b, h, self.group, k)
+        self.st[..., :k] = self.st[..., :n].gather(5, idx_st)
         for t in self.slot_data.values():
-            t[..., :k] = t[..., : self.n].gather(3, order)
-        self.token[:, :, :, k:] = -1
-        for name in ("st_sum", "st_max", "st_cum", "st_decay"):
-            getattr(self, name)[..., k:self.n] = 0
-        self.st_min[..., k:self.n] = float("inf")
+            t[..., :k] = t[..., :n].gather(3, order)
+        self.token[..., k:] = -1
+        self.st[:_MIN, ..., k:n] = 0
+        self.st[_MIN, ..., k:n] = float("inf")
 
     # ----------------------------------------------------------------------------------- transformers API
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -522,7 +580,7 @@ class BoundedCache(Cache):
         """Bytes of the allocated key/value storage."""
         if self.keys is None:
             return 0
-        return self.keys.numel() * self.keys.element_size() * 2
+        return self.kv.numel() * self.kv.element_size()
 
     def held(self) -> int:
         """Pairs held per (sequence, layer, KV head) right now."""

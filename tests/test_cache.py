@@ -221,3 +221,40 @@ def test_protected_window_option_keeps_a_wider_recent_window(qwen3):
         assert (tok == t).any(-1).all(), t
     with pytest.raises(ValueError, match="sinks \\+ window"):
         generate(qwen3, ids, max_new_tokens=5, policy=make_policy("h2o"), budget=24, interval=4, sinks=2, window=23)
+
+
+def test_fast_causal_path_equals_fully_masked_path():
+    """Without padding only the newest block is masked; the statistics equal those of the fully masked path that
+    padded batches take (chunks and replayed decoding queries alike)."""
+    m = tiny_qwen3()
+    ids = torch.randint(8, 170, (2, 100))
+    got = {}
+    for full_mask in (False, True):
+        views = []
+        c = BoundedCache(m.config, make_policy("h2o"), budget=24, interval=8, recorder=lambda s: views.append(s["view"]))
+        c._pad_seen = full_mask
+        with torch.no_grad():
+            feed_chunks(m, c, ids[:, :60])
+            for t in range(60, 100):
+                m(input_ids=ids[:, t:t + 1], cache=c, use_cache=True)
+        got[full_mask] = views
+    assert len(got[False]) == len(got[True]) > 8
+    for a, b in zip(got[False], got[True]):
+        assert torch.equal(a.token, b.token)
+        assert set(a.stats) == set(b.stats) >= set(STAT_NAMES)
+        for name in a.stats:
+            assert torch.allclose(a.stats[name], b.stats[name], atol=1e-6), name
+
+
+def test_window_statistics_are_lazy_and_a_stale_view_refuses_them(qwen3):
+    c = BoundedCache(qwen3.config, make_policy("h2o"), budget=24, interval=8)
+    with torch.no_grad():
+        feed_chunks(qwen3, c, torch.randint(8, 170, (1, 30)))
+    v = c.view()
+    assert "w8" not in v.stats and "sum" in v.stats  # H2O's eviction never computes the window sums
+    early = c.view()
+    assert v.stats["w8"].shape == v.stats["sum"].shape and "w32" in v.stats
+    with torch.no_grad():
+        feed_chunks(qwen3, c, torch.randint(8, 170, (1, 10)))  # an eviction happens
+    with pytest.raises(RuntimeError, match="stale"):
+        early.stats["w8"]
