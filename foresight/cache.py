@@ -391,7 +391,8 @@ class BoundedCache(Cache):
             return out.transpose(1, 2)
         qtok = torch.arange(self.seen, self.seen + q, device=query.device)
         probs, hidden = self._probs(layer_idx, query, n, qtok, True, scaling)
-        out = torch.matmul(probs.to(V.dtype), V.unsqueeze(2))  # [b,h,g,q,d]
+        # the g query heads of a KV head share its keys: one [g*q, n] x [n, d] product per KV head, no broadcast
+        out = torch.matmul(probs.to(V.dtype).view(b, self.kv_heads, -1, n), V)  # [b,h,g*q,d]
         with torch.no_grad():
             self._accumulate(layer_idx, probs, hidden, valid, query, qtok)
             if layer_idx == self.num_layers - 1:
@@ -409,7 +410,7 @@ class BoundedCache(Cache):
         b, hq, q, d = query.shape
         h, g = self.kv_heads, self.group
         K = self.keys[layer_idx, :, :, :n]
-        scores = torch.matmul(query.view(b, h, g, q, d), K.unsqueeze(2).transpose(-1, -2)).float() * scaling
+        scores = (torch.matmul(query.reshape(b, h, g * q, d), K.transpose(-1, -2)).float() * scaling).view(b, h, g, q, n)
         if not self._pad_seen:
             scores[..., n - q:].masked_fill_(~self._causal(q, query.device), float("-inf"))
             return torch.softmax(scores, -1), None
@@ -478,9 +479,9 @@ class BoundedCache(Cache):
         nl, h, g = self.num_layers, self.kv_heads, self.group
         b = self.keys.shape[1]
         K = self.keys[:, :, :, :n]  # [nl,b,h,n,d]
-        rq = self.rq.view(nl, b, h, g, F.QUERY_WINDOW, -1)
         scale = self.scaling
-        scores = torch.matmul(rq, K.unsqueeze(3).transpose(-1, -2)).float() * scale  # [nl,b,h,g,W,n]
+        scores = torch.matmul(self.rq.view(nl, b, h, g * F.QUERY_WINDOW, -1), K.transpose(-1, -2)).float() * scale
+        scores = scores.view(nl, b, h, g, F.QUERY_WINDOW, n)
         ktok = self.token[:, :, :, :n]
         vis = (ktok[:, :, :, None, None, :] <= self.rq_token[None, None, None, None, :, None]) & \
               (ktok >= 0)[:, :, :, None, None, :]
