@@ -37,7 +37,12 @@ class ScorerMismatchError(ValueError):
 
 
 class ScorerBank(nn.Module):
-    """Per-(layer, KV head) MLPs ``D_in → hidden → 1``: ``forward(x [nl, b, h, n, D_in]) -> [nl, b, h, n]``."""
+    """Per-(layer, KV head) MLPs ``D_in → hidden → 1``: ``forward(x [nl, b, h, n, D_in]) -> [nl, b, h, n]``.
+
+    The output layer has no bias: scores are only ever compared within one (layer, sequence, KV head) — top-L,
+    the Top-2L sampler, the pairwise ranking loss and GRPO's Plackett–Luce log-probabilities are all unchanged by
+    a constant shift — so an output bias would get an exactly-zero gradient whose float noise Adam turns into
+    lr-sized random steps (what made DeepSpeed and one-process GRPO runs drift apart)."""
 
     def __init__(self, num_layers: int, kv_heads: int, head_dim: int, group: int, hidden: int = 16,
                  activation: str = "gelu", features=("key", "value", "attn"), seed: int = 0):
@@ -57,7 +62,6 @@ class ScorerBank(nn.Module):
         self.w1 = nn.Parameter(torch.randn(num_layers, kv_heads, d_in, hidden, generator=g) / math.sqrt(d_in))
         self.b1 = nn.Parameter(torch.zeros(num_layers, kv_heads, hidden))
         self.w2 = nn.Parameter(torch.randn(num_layers, kv_heads, hidden, generator=g) / math.sqrt(hidden))
-        self.b2 = nn.Parameter(torch.zeros(num_layers, kv_heads))
 
     def inputs(self, view) -> torch.Tensor:
         """Detached fp32 scorer inputs [nl, b, h, n, D_in] from an :class:`~foresight.cache.EvictionView`."""
@@ -76,7 +80,7 @@ class ScorerBank(nn.Module):
         x = x * self.ln_w[:, None, :, None, :] + self.ln_b[:, None, :, None, :]
         hdn = torch.einsum("lbhnd,lhdk->lbhnk", x, self.w1) + self.b1[:, None, :, None, :]
         hdn = ACTIVATIONS[self.activation](hdn)
-        return torch.einsum("lbhnk,lhk->lbhn", hdn, self.w2) + self.b2[:, None, :, None]
+        return torch.einsum("lbhnk,lhk->lbhn", hdn, self.w2)
 
     def forward_layer(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """One layer's MLPs: x [b, h, n, D_in] -> [b, h, n] (used by per-layer hooks such as kvpress)."""
@@ -84,7 +88,7 @@ class ScorerBank(nn.Module):
         x = x * self.ln_w[layer][None, :, None, :] + self.ln_b[layer][None, :, None, :]
         hdn = torch.einsum("bhnd,hdk->bhnk", x, self.w1[layer]) + self.b1[layer][None, :, None, :]
         hdn = ACTIVATIONS[self.activation](hdn)
-        return torch.einsum("bhnk,hk->bhn", hdn, self.w2[layer]) + self.b2[layer][None, :, None]
+        return torch.einsum("bhnk,hk->bhn", hdn, self.w2[layer])
 
     def spec(self) -> dict:
         return {"num_layers": self.num_layers, "num_key_value_heads": self.kv_heads, "head_dim": self.head_dim,
@@ -196,6 +200,8 @@ def load_scorer(path: Path, model=None, device="cpu") -> tuple[ScorerBank, dict]
         bank = ScorerBank(s["num_layers"], s["num_key_value_heads"], s["head_dim"], s["group"], s["hidden"],
                           s["activation"], tuple(s["features"]))
     state = load_file(str(Path(path) / "model.safetensors"))
+    if "b2" in state and "b2" not in bank.state_dict():
+        state.pop("b2")  # older checkpoints: a per-head output bias, which no eviction decision depends on
     missing = set(bank.state_dict()) ^ set(state)
     if missing:
         raise ScorerMismatchError(f"scorer weights in {path} do not match its config (tensors {sorted(missing)})")

@@ -33,7 +33,8 @@ def test_transformers_snippet_runs(tmp_path, monkeypatch):
     ns: dict = {}
     exec(code[0].replace("max_new_tokens=1100", "max_new_tokens=500"), ns)  # noqa: S102
     assert ns["cache"].held() <= 320 + 64 and ns["cache"].steps > 0
-    assert ns["out"].shape[1] == ns["input_ids"].shape[1] + 500
+    # an untrained scorer may make the teacher stop early (EOS), but past the first eviction
+    assert 320 + 64 < ns["out"].shape[1] <= ns["input_ids"].shape[1] + 500
 
 
 def test_kvpress_snippet_is_tested_in_its_environment():

@@ -126,8 +126,7 @@ class KVpopMLSTM(_KVpopScorer):
         self.bg = nn.Parameter(torch.tensor([0.0, 3.0]).expand(nl, h, 2).clone())  # f starts near 0.95
         self.w1 = rnd(nl, h, D + m, hidden, fan=D + m)
         self.b1 = nn.Parameter(torch.zeros(nl, h, hidden))
-        self.w2 = rnd(nl, h, hidden, fan=hidden)
-        self.b2 = nn.Parameter(torch.zeros(nl, h))
+        self.w2 = rnd(nl, h, hidden, fan=hidden)  # no output bias: priorities are compared within a head
 
     # ---------------------------------------------------------------------------------------- pieces
     def _project(self, layer: int, x: torch.Tensor, valid: torch.Tensor | None = None):
@@ -144,7 +143,7 @@ class KVpopMLSTM(_KVpopScorer):
 
     def _head(self, layer: int, xn: torch.Tensor, mem: torch.Tensor) -> torch.Tensor:
         hdn = torch.einsum("bhcd,hdk->bhck", torch.cat([xn, mem], -1), self.w1[layer]) + self.b1[layer][None, :, None]
-        return torch.einsum("bhck,hk->bhc", nn.functional.silu(hdn), self.w2[layer]) + self.b2[layer][None, :, None]
+        return torch.einsum("bhck,hk->bhc", nn.functional.silu(hdn), self.w2[layer])
 
     def _zero_state(self, b: int, device):
         h, m = self.kv_heads, self.memory_dim
