@@ -412,7 +412,7 @@ class BoundedCache(Cache):
         K = self.keys[layer_idx, :, :, :n]
         scores = (torch.matmul(query.reshape(b, h, g * q, d), K.transpose(-1, -2)).float() * scaling).view(b, h, g, q, n)
         if not self._pad_seen:
-            scores[..., n - q:].masked_fill_(~self._causal(q, query.device), float("-inf"))
+            scores[..., n - q:].sub_(self._causal(q, query.device))  # additive mask: cheaper than masked_fill
             return torch.softmax(scores, -1), None
         ktok = self.token[layer_idx, :, :, :n]
         vis = (ktok[:, :, None, None, :] <= qtok[None, None, None, :, None]) & (ktok >= 0)[:, :, None, None, :]
@@ -423,10 +423,11 @@ class BoundedCache(Cache):
         return probs if own else probs.nan_to_num_(0.0), hidden
 
     def _causal(self, q: int, device) -> torch.Tensor:
-        """[q, q] lower-triangular mask (query i sees the newest block's slots 0..i), cached per size."""
+        """[q, q] additive causal mask of the newest block: 0 where query i sees slot j (j <= i), +inf above the
+        diagonal (subtracted from scores, added to probabilities before a min), cached per size."""
         m = self._tri.get(q)
         if m is None:
-            m = self._tri[q] = torch.ones(q, q, dtype=torch.bool, device=device).tril()
+            m = self._tri[q] = torch.full((q, q), float("inf"), device=device).triu(1)
         return m
 
     @torch.no_grad()
@@ -434,23 +435,28 @@ class BoundedCache(Cache):
         """Add a group of queries' attention to the block statistics and remember the latest queries.
         ``hidden``: the [.., q, n] mask of keys a query could not see; ``valid`` [b, q]: real (not padding) queries."""
         n, q = probs.shape[-1], probs.shape[-2]
-        st_min = self.st_min[layer_idx]
+        st_min, st_max = self.st_min[layer_idx], self.st_max[layer_idx]
         if hidden is None:  # no padding: all queries real, only the newest [q, q] block is causal
-            w = probs
-            torch.minimum(st_min[..., :n - q], probs[..., :n - q].amin(3), out=st_min[..., :n - q])
-            newest = probs[..., n - q:].masked_fill(~self._causal(q, probs.device), float("inf")).amin(3)
-            torch.minimum(st_min[..., n - q:n], newest, out=st_min[..., n - q:n])
+            w, old = probs, n - q
+            torch.minimum(st_min[..., :old], probs[..., :old].amin(3), out=st_min[..., :old])
+            lo = (probs[..., old:] + self._causal(q, probs.device)).amin(3)  # +inf on keys not yet seen
+            torch.minimum(st_min[..., old:n], lo, out=st_min[..., old:n])
+            torch.maximum(st_max[..., :n], probs.amax(3), out=st_max[..., :n])
         else:
             qv = valid[:, None, None, :, None]
             w = probs * qv
             wmin = probs.masked_fill(hidden | ~qv, float("inf")).amin(3)
             torch.minimum(st_min[..., :n], wmin, out=st_min[..., :n])
+            torch.maximum(st_max[..., :n], w.amax(3), out=st_max[..., :n])
         wsum = w.sum(3)
         self.st_sum[layer_idx, ..., :n] += wsum
         self.st_cum[layer_idx, ..., :n] += wsum
-        torch.maximum(self.st_max[layer_idx, ..., :n], w.amax(3), out=self.st_max[layer_idx, ..., :n])
-        keep = min(q, F.QUERY_WINDOW)
-        self.rq[layer_idx] = torch.cat([self.rq[layer_idx], query[:, :, q - keep:]], dim=2)[:, :, -F.QUERY_WINDOW:]
+        W = F.QUERY_WINDOW
+        if q >= W:
+            self.rq[layer_idx].copy_(query[:, :, q - W:])
+        else:
+            self.rq[layer_idx] = torch.cat([self.rq[layer_idx], query], dim=2)[:, :, -W:]
+        keep = min(q, W)
         if layer_idx == self.num_layers - 1:
             self.rq_token = torch.cat([self.rq_token, qtok[q - keep:]])[-F.QUERY_WINDOW:]
             self.rq_valid = torch.cat([self.rq_valid, valid[:, q - keep:]], 1)[:, -F.QUERY_WINDOW:]
@@ -522,7 +528,7 @@ class BoundedCache(Cache):
         """Drop ``n_evict`` pairs per (layer, sequence, KV head); padding first, then by the policy's scores."""
         self._flush()
         n = self.n
-        self.st_decay[..., :n] = F.DECAY * self.st_decay[..., :n] + self.st_sum[..., :n]
+        self.st_decay[..., :n].mul_(F.DECAY).add_(self.st_sum[..., :n])
         view = self.view()
         view.n_evict = n_evict
         tok = view.token
