@@ -1,6 +1,7 @@
 """``make bench``: speed and memory of the eviction engine on the embedded teacher (not part of the tests).
 
-* rollout (teacher-forced, H2O, B=512, L=128) versus one dense SDPA forward pass at S = 4k, 8k, 16k;
+* rollout (teacher-forced, H2O, B=512, L=128) versus one dense SDPA forward pass at S = 4k, 8k, 16k; and at 16k for
+  a batch of 8 rows (GRPO's group of trajectories of one trace) versus a dense pass over the same 8 rows;
 * golden labels (blockwise future attention) versus one dense forward pass;
 * generation tokens/s, cache bytes and peak RSS at 1k, 4k, 8k new tokens: full cache versus B=512, L=128
   (each configuration in its own process, so peak RSS is its own);
@@ -41,7 +42,7 @@ def _time(fn, repeat=1):
     return best
 
 
-def bench_rollout(sizes=(4096, 8192, 16384), B=512, L=128):
+def bench_rollout(sizes=(4096, 8192, 16384), B=512, L=128, batch=1):
     from foresight.golden import block_pooled_attention
     from foresight.policies import make_policy
     from foresight.rollout import rollout
@@ -49,13 +50,13 @@ def bench_rollout(sizes=(4096, 8192, 16384), B=512, L=128):
     model, _ = _model()
     out = []
     for S in sizes:
-        ids = torch.randint(8, 170, (1, S), generator=torch.Generator().manual_seed(S))
+        ids = torch.randint(8, 170, (1, S), generator=torch.Generator().manual_seed(S)).expand(batch, -1)
         with torch.no_grad():
             dense = _time(lambda: model(input_ids=ids, use_cache=False), repeat=2)
         roll = _time(lambda: rollout(model, ids, make_policy("h2o"), B, L), repeat=2)
-        row = {"S": S, "dense_forward_s": round(dense, 3), "rollout_s": round(roll, 3),
+        row = {"S": S, "batch": batch, "dense_forward_s": round(dense, 3), "rollout_s": round(roll, 3),
                "rollout_over_dense": round(roll / dense, 3)}
-        if S <= 8192:
+        if S <= 8192 and batch == 1:
             gold = _time(lambda: block_pooled_attention(model, ids, B, L), repeat=1)
             row["golden_s"] = round(gold, 3)
             row["golden_over_dense"] = round(gold / dense, 3)
@@ -129,10 +130,11 @@ def bench_scorer_overhead(new_tokens=2048, B=512, L=128):
 
 
 def table(res: dict) -> str:
-    lines = ["| S | dense forward (s) | rollout (s) | rollout/dense | golden (s) | golden/dense |", "|---|---|---|---|---|---|"]
-    for r in res["rollout"]:
-        lines.append(f"| {r['S']} | {r['dense_forward_s']} | {r['rollout_s']} | {r['rollout_over_dense']} | "
-                     f"{r.get('golden_s', '—')} | {r.get('golden_over_dense', '—')} |")
+    lines = ["| S | batch | dense forward (s) | rollout (s) | rollout/dense | golden (s) | golden/dense |",
+             "|---|---|---|---|---|---|---|"]
+    for r in res["rollout"] + res.get("rollout_group", []):
+        lines.append(f"| {r['S']} | {r.get('batch', 1)} | {r['dense_forward_s']} | {r['rollout_s']} | "
+                     f"{r['rollout_over_dense']} | {r.get('golden_s', '—')} | {r.get('golden_over_dense', '—')} |")
     lines += ["", "| new tokens | cache | tokens/s | cache bytes | peak RSS (MB) |", "|---|---|---|---|---|"]
     for r in res["generation"]:
         name = "full" if r["policy"] == "full" else f"{r['policy']} B={r['budget']}"
@@ -152,7 +154,9 @@ def main(argv=None):
         res = {"rollout": bench_rollout((1024, 2048)), "generation": bench_generation((256,)),
                "scorer_overhead": bench_scorer_overhead(512)}
     else:
-        res = {"rollout": bench_rollout(), "generation": bench_generation(), "scorer_overhead": bench_scorer_overhead()}
+        res = {"rollout": bench_rollout(), "generation": bench_generation(), "scorer_overhead": bench_scorer_overhead(),
+               # GRPO's setting: a group of 8 trajectories of one trace as one batch, against a dense pass over 8 rows
+               "rollout_group": bench_rollout((16384,), batch=8)}
     res["threads"] = torch.get_num_threads()
     a.out.write_text(json.dumps(res, indent=1))
     t = table(res)
