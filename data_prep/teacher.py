@@ -208,6 +208,9 @@ def train(out: Path, steps: int, seed: int, tokens_per_batch: int, eval_every: i
             model.load_state_dict(saved["model"])
             opt.load_state_dict(saved["opt"])
         state = saved["state"]
+        if state["step"] > steps:
+            raise ValueError(f"{ckpt} is at step {state['step']}, beyond --steps {steps}: a different run; delete "
+                             f"{ckpt.parent} to train from scratch, or pass --steps >= {state['step']} to finish it")
         state.setdefault("introduced", sorted(set().union(*(stage_tokens(c) for c in CURRICULUM[:state["stage"] + 1]))))
         torch.set_rng_state(saved["torch_rng"])
         log(f"resumed at step {state['step']} (stage {state['stage']})")

@@ -3,6 +3,7 @@
 import json
 import random
 
+import pytest
 import torch
 
 from data_prep import ledger
@@ -44,6 +45,8 @@ def test_teacher_training_resumes_exactly_and_introduces_new_tokens(tmp_path):
     resumed = teacher.train(tmp_path / "b", steps=4, seed=3, **kw)
     for (name, p), q in zip(straight["model"].state_dict().items(), resumed["model"].state_dict().values()):
         assert torch.equal(p, q), name
+    with pytest.raises(ValueError, match="beyond --steps 3"):  # another run's checkpoint is not silently reused
+        teacher.train(tmp_path / "b", steps=3, seed=3, **kw)
     state = straight["state"]
     assert state["stage"] == 2  # advance_at -1: one stage per evaluation
     introduced = set(state["introduced"])
