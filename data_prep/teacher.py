@@ -89,8 +89,7 @@ def copy_batch(length: int, n: int, rng: random.Random):
 
 def stage_tokens(spec: ledger.LedgerSpec) -> set[int]:
     """Token ids a curriculum stage's problems use (copy batches use specials, names and values only)."""
-    used = set(range(ledger.NAME0)) | set(range(ledger.NAME0, ledger.VAR0))
-    used |= set(range(ledger.VAR0, ledger.VAR0 + spec.variables))
+    used = set(range(ledger.VAR0 + spec.variables))  # specials, fillers, names, values, the stage's variables
     return used | set(range(ledger.COUNTER0, ledger.COUNTER0 + spec.scratch // 3))
 
 

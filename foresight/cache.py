@@ -189,7 +189,7 @@ class BoundedCache(Cache):
         self.keys = None
         self._pending_valid = None
         self._pad_seen = False  # some fed token was padding (then attention masks are built in full)
-        self._tri: dict[int, torch.Tensor] = {}
+        self._causal_masks: dict[int, torch.Tensor] = {}
         self._chunk = None  # (n_old, q, valid[b, q]) of the forward in progress
         self.peak_slots = 0
         self.scaling = self.head_dim ** -0.5  # the attention's softmax scale (the model's, once attend has run)
@@ -425,9 +425,9 @@ class BoundedCache(Cache):
     def _causal(self, q: int, device) -> torch.Tensor:
         """[q, q] additive causal mask of the newest block: 0 where query i sees slot j (j <= i), +inf above the
         diagonal (subtracted from scores, added to probabilities before a min), cached per size."""
-        m = self._tri.get(q)
+        m = self._causal_masks.get(q)
         if m is None:
-            m = self._tri[q] = torch.full((q, q), float("inf"), device=device).triu(1)
+            m = self._causal_masks[q] = torch.full((q, q), float("inf"), device=device).triu(1)
         return m
 
     @torch.no_grad()

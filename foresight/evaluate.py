@@ -43,9 +43,9 @@ STREAMING_SINKS = 4
 
 class Method:
     def __init__(self, name: str, policy_factory, protect_prompt: bool = False, sinks: int = 0,
-                 teacher_forced_only: bool = False, is_full: bool = False):
+                 teacher_forced_only: bool = False, is_full: bool = False, oracle: bool = False):
         self.name, self.factory, self.protect_prompt, self.sinks = name, policy_factory, protect_prompt, sinks
-        self.teacher_forced_only, self.is_full = teacher_forced_only, is_full
+        self.teacher_forced_only, self.is_full, self.oracle = teacher_forced_only, is_full, oracle
 
 
 def build_methods(names: list[str], scorer_dirs: list, model, protect_all: bool) -> list[Method]:
@@ -59,9 +59,7 @@ def build_methods(names: list[str], scorer_dirs: list, model, protect_all: bool)
         elif n == "golden":
             out.append(Method("golden", None, protect_all, teacher_forced_only=True))
         elif n == "kvpop-oracle":  # KVpop's teacher (true future-attention target), the recipe's kvpop layout
-            m = Method(n, None, protect_all, teacher_forced_only=True)
-            m.oracle = True
-            out.append(m)
+            out.append(Method(n, None, protect_all, teacher_forced_only=True, oracle=True))
         elif n == "random-keep-prompt":
             out.append(Method(n, lambda: make_policy("random"), protect_prompt=True))
         else:
@@ -124,7 +122,7 @@ def teacher_forced(method: Method, model, grp, B, L, seed, golden_F=None, record
     """Per-token losses [b, S] of a group of traces under the method, and the mean pairs held."""
     if method.is_full:
         return grp["loss"], float(grp["ids"].shape[1])
-    if getattr(method, "oracle", False):
+    if method.oracle:
         from foresight.kvpop.scorers import KVpopOraclePolicy, kvpop_oracle_priorities
 
         if "kvpop_prio" not in grp:
