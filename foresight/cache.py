@@ -36,6 +36,20 @@ from foresight import selection
 _active = threading.local()
 _STAT_ORDER = ("sum", "max", "cum", "decay", "min")  # the per-slot statistics buffer (min last: it starts at +inf)
 _CUM, _MIN = _STAT_ORDER.index("cum"), _STAT_ORDER.index("min")
+# what the cache accumulates for each statistic a policy reads: block sums, maxima, minima, or the kept queries
+_ACCUMULATION = {"sum": "sum", "cum": "sum", "decay": "sum", "max": "max", "min": "min"}  # else "window"
+_ALL_ACCUMULATIONS = frozenset({"sum", "max", "min", "window"})
+_PROB_ACCUMULATIONS = frozenset({"sum", "max", "min"})  # those that need each chunk's attention probabilities
+
+
+def accumulations(reads) -> frozenset:
+    """What the cache must accumulate for a policy reading the statistics ``reads`` (None: all of them)."""
+    if reads is None:
+        return _ALL_ACCUMULATIONS
+    unknown = set(reads) - F.VIEW_STATS
+    if unknown:
+        raise ValueError(f"unknown attention statistics {sorted(unknown)}; known: {sorted(F.VIEW_STATS)}")
+    return frozenset(_ACCUMULATION.get(r, "window") for r in reads)
 
 
 def validate_budget(budget: int, interval: int, sinks: int = 0, window: int | None = None) -> None:
@@ -58,23 +72,30 @@ def validate_budget(budget: int, interval: int, sinks: int = 0, window: int | No
 
 
 class _Stats(dict):
-    """The statistics of one eviction step. The window sums (``w1``..``w32``, ``pivot32``) are recomputed from the
-    kept queries only when a policy asks for one (H2O, for instance, never pays for them)."""
+    """The statistics of one eviction step. Some are computed only when a policy asks for one: the window sums
+    (``w1``..``w32``, ``pivot32``, recomputed from the kept queries) and ``min`` (H2O, for instance, reads
+    neither). ``lazy``: a list of (names, function returning a dict with those names). ``missing``: the message
+    for a statistic the cache did not accumulate (the policy did not declare it)."""
 
-    def __init__(self, base: dict, compute_windows):
+    def __init__(self, base: dict, lazy: list, missing: str = ""):
         super().__init__(base)
-        self._compute_windows = compute_windows
+        self._lazy = list(lazy)
+        self._missing = missing
 
     def __missing__(self, key):
-        if self._compute_windows is None or key not in _WINDOW_KEYS:
-            raise KeyError(key)
-        self.materialize()
-        return dict.__getitem__(self, key)
+        for i, (names, fn) in enumerate(self._lazy):
+            if key in names:
+                self.update(fn())
+                del self._lazy[i]
+                return dict.__getitem__(self, key)
+        if key in F.VIEW_STATS and self._missing:
+            raise KeyError(f"attention statistic {key!r} was not computed: {self._missing}")
+        raise KeyError(key)
 
     def materialize(self) -> "_Stats":
-        if self._compute_windows is not None:
-            self.update(self._compute_windows())
-            self._compute_windows = None
+        for _, fn in self._lazy:
+            self.update(fn())
+        self._lazy = []
         return self
 
 
@@ -162,6 +183,7 @@ class BoundedCache(Cache):
                  temperature: float = 1.0, recorder=None, generator: torch.Generator | None = None,
                  prompt_overflow: str = "error", window: int | None = None):
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        self._text_config = text
         self.num_layers = text.num_hidden_layers
         self.q_heads = text.num_attention_heads
         self.kv_heads = getattr(text, "num_key_value_heads", None) or self.q_heads
@@ -182,6 +204,8 @@ class BoundedCache(Cache):
         self.protect_prompt, self.prompt_len = protect_prompt, prompt_len
         self.selection, self.temperature, self.recorder, self.generator = selection, temperature, recorder, generator
         self.prompt_overflow = prompt_overflow
+        accumulations(getattr(policy, "reads", None))  # an unknown statistic fails here, not mid-rollout
+        self.needs = _ALL_ACCUMULATIONS  # what is accumulated: set when storage is allocated (see _allocate)
         super().__init__(layers=[_LayerHandle(self, i) for i in range(self.num_layers)])
         self.n = 0  # slots in use (same for every row, layer and head)
         self.seen = 0  # tokens fed so far
@@ -190,6 +214,7 @@ class BoundedCache(Cache):
         self._pending_valid = None
         self._pad_seen = False  # some fed token was padding (then attention masks are built in full)
         self._causal_masks: dict[int, torch.Tensor] = {}
+        self._block_masks: dict[tuple, torch.Tensor] = {}
         self._chunk = None  # (n_old, q, valid[b, q]) of the forward in progress
         self.peak_slots = 0
         self.scaling = self.head_dim ** -0.5  # the attention's softmax scale (the model's, once attend has run)
@@ -197,9 +222,20 @@ class BoundedCache(Cache):
         self.policy_state: dict = {}  # anything else a stateful policy carries (e.g. a recurrent memory)
 
     # ----------------------------------------------------------------------------------------------- set-up
-    def feed(self, valid: torch.Tensor | None):
-        """Tell the cache which of the next forward's tokens are real (``[b, q]`` bool; False = padding)."""
+    def feed(self, valid: torch.Tensor) -> dict:
+        """Tell the cache which of the next forward's tokens are real (``[b, q]`` bool; False = padding).
+
+        Returns the keyword arguments for that forward: a 4-D placeholder ``attention_mask`` ``[b, 1, q, 0]``.
+        The cache's attention builds its own masks from token indices, so transformers need not build a causal
+        mask (a 4-D mask is passed through as is; building one costs ~3% of a rollout). The placeholder is empty:
+        an attention function that tried to use it would fail on its shape rather than attend without a mask."""
+        impl = getattr(self._text_config, "_attn_implementation", None)
+        if impl is not None and impl != "foresight":
+            raise ValueError(f"BoundedCache: the model's attention implementation is {impl!r}, not 'foresight': load "
+                             "it with foresight.models.load_model or call foresight.attention.use_foresight_attention")
         self._pending_valid = valid
+        b, q = valid.shape
+        return {"attention_mask": torch.empty(b, 1, q, 0, dtype=torch.bool, device=valid.device)}
 
     @property
     def protected_prefix(self) -> int:
@@ -238,6 +274,9 @@ class BoundedCache(Cache):
                 "raise the budget or set cache.prompt_overflow=evict to evict inside the prompt")
         if self.protect_prompt and not self.full and self.prompt_len > self.budget:
             self.protect_prompt = False  # prompt_overflow=evict: fall back to normal eviction of the prompt
+        # only what the policy reads is accumulated; everything for a full cache or when steps are recorded
+        reads = None if (self.full or self.recorder is not None) else getattr(self.policy, "reads", None)
+        self.needs = accumulations(reads)
         cap = max(self.capacity, key_states.shape[-2], 1) if not self.full else max(key_states.shape[-2], 64)
         nl, h, g, d = self.num_layers, self.kv_heads, self.group, self.head_dim
         # one buffer for keys and values, one for the five per-slot statistics: eviction gathers each in one call
@@ -380,24 +419,52 @@ class BoundedCache(Cache):
             mask = vis.repeat_interleave(self.group, dim=1)[:, :, None, :]
             out = torch.nn.functional.scaled_dot_product_attention(query, K, V, attn_mask=mask, scale=scaling,
                                                                    enable_gqa=True)
-            self.pq[layer_idx, :, :, self.n_pq] = query[:, :, 0]
+            if self.needs:
+                self.pq[layer_idx, :, :, self.n_pq] = query[:, :, 0]
             if layer_idx == self.num_layers - 1:
-                self.pq_token[self.n_pq] = self.seen
-                self.pq_valid[:, self.n_pq] = valid[:, 0]
-                self.n_pq += 1
+                if self.needs:
+                    self.pq_token[self.n_pq] = self.seen
+                    self.pq_valid[:, self.n_pq] = valid[:, 0]
+                    self.n_pq += 1
                 self._finish_chunk()
                 if self.n_pq == self.pq.shape[3]:
                     self._flush()
             return out.transpose(1, 2)
         qtok = torch.arange(self.seen, self.seen + q, device=query.device)
-        probs, hidden = self._probs(layer_idx, query, n, qtok, True, scaling)
-        # the g query heads of a KV head share its keys: one [g*q, n] x [n, d] product per KV head, no broadcast
-        out = torch.matmul(probs.to(V.dtype).view(b, self.kv_heads, -1, n), V)  # [b,h,g*q,d]
-        with torch.no_grad():
-            self._accumulate(layer_idx, probs, hidden, valid, query, qtok)
-            if layer_idx == self.num_layers - 1:
-                self._finish_chunk()
-        return out.reshape(b, hq, q, d).transpose(1, 2)
+        if self.needs & _PROB_ACCUMULATIONS:
+            probs, hidden = self._probs(layer_idx, query, n, qtok, True, scaling)
+            # the g query heads of a KV head share its keys: one [g*q, n] x [n, d] product per KV head, no broadcast
+            out = torch.matmul(probs.to(V.dtype).view(b, self.kv_heads, -1, n), V)  # [b,h,g*q,d]
+            out = out.reshape(b, hq, q, d)
+            with torch.no_grad():
+                self._accumulate(layer_idx, probs, hidden, valid)
+        else:  # no statistic needs the probabilities: fused attention
+            out = torch.nn.functional.scaled_dot_product_attention(
+                query, K, V, attn_mask=self._chunk_mask(layer_idx, n, q), scale=scaling, enable_gqa=True)
+        if "window" in self.needs:
+            self._remember_queries(layer_idx, query, qtok, valid)
+        if layer_idx == self.num_layers - 1:
+            self._finish_chunk()
+        return out.transpose(1, 2)
+
+    def _chunk_mask(self, layer_idx: int, n: int, q: int) -> torch.Tensor:
+        """The attention mask of a chunk's q queries (the last q slots) over n slots, for fused attention: additive
+        [q, n] (cached per size) without padding, else boolean [b, Hq, q, n] by token index (a padding query sees
+        its own slot)."""
+        if not self._pad_seen:
+            m = self._block_masks.get((q, n))
+            if m is None:
+                if len(self._block_masks) > 16:
+                    self._block_masks.clear()
+                m = torch.zeros(q, n, device=self.keys.device)
+                m[:, n - q:] -= self._causal(q, m.device)
+                self._block_masks[(q, n)] = m
+            return m
+        ktok = self.token[layer_idx, :, :, :n]
+        qtok = torch.arange(self.seen, self.seen + q, device=ktok.device)
+        vis = (ktok[:, :, None, :] <= qtok[None, None, :, None]) & (ktok >= 0)[:, :, None, :]
+        own = torch.arange(n, device=ktok.device)[None, :] == (n - q + torch.arange(q, device=ktok.device))[:, None]
+        return (vis | own).repeat_interleave(self.group, dim=1)
 
     def _probs(self, layer_idx: int, query, n: int, qtok, own: bool, scaling: float):
         """Post-softmax attention [b, h, g, q, n] of ``query`` [b, Hq, q, d] (tokens ``qtok``) to the first n slots,
@@ -410,7 +477,8 @@ class BoundedCache(Cache):
         b, hq, q, d = query.shape
         h, g = self.kv_heads, self.group
         K = self.keys[layer_idx, :, :, :n]
-        scores = (torch.matmul(query.reshape(b, h, g * q, d), K.transpose(-1, -2)).float() * scaling).view(b, h, g, q, n)
+        # the scale goes on the [q, d] queries, not on the [q, n] scores: one small multiply instead of a large one
+        scores = torch.matmul((query * scaling).reshape(b, h, g * q, d), K.transpose(-1, -2)).float().view(b, h, g, q, n)
         if not self._pad_seen:
             scores[..., n - q:].sub_(self._causal(q, query.device))  # additive mask: cheaper than masked_fill
             return torch.softmax(scores, -1), None
@@ -431,35 +499,45 @@ class BoundedCache(Cache):
         return m
 
     @torch.no_grad()
-    def _accumulate(self, layer_idx: int, probs, hidden, valid, query, qtok):
-        """Add a group of queries' attention to the block statistics and remember the latest queries.
+    def _accumulate(self, layer_idx: int, probs, hidden, valid):
+        """Add a group of queries' attention to the block statistics (those in ``self.needs``).
         ``hidden``: the [.., q, n] mask of keys a query could not see; ``valid`` [b, q]: real (not padding) queries."""
         n, q = probs.shape[-1], probs.shape[-2]
         st_min, st_max = self.st_min[layer_idx], self.st_max[layer_idx]
+        need = self.needs
         if hidden is None:  # no padding: all queries real, only the newest [q, q] block is causal
             w, old = probs, n - q
-            torch.minimum(st_min[..., :old], probs[..., :old].amin(3), out=st_min[..., :old])
-            lo = (probs[..., old:] + self._causal(q, probs.device)).amin(3)  # +inf on keys not yet seen
-            torch.minimum(st_min[..., old:n], lo, out=st_min[..., old:n])
-            torch.maximum(st_max[..., :n], probs.amax(3), out=st_max[..., :n])
+            if "min" in need:
+                torch.minimum(st_min[..., :old], probs[..., :old].amin(3), out=st_min[..., :old])
+                lo = (probs[..., old:] + self._causal(q, probs.device)).amin(3)  # +inf on keys not yet seen
+                torch.minimum(st_min[..., old:n], lo, out=st_min[..., old:n])
         else:
             qv = valid[:, None, None, :, None]
             w = probs * qv
-            wmin = probs.masked_fill(hidden | ~qv, float("inf")).amin(3)
-            torch.minimum(st_min[..., :n], wmin, out=st_min[..., :n])
+            if "min" in need:
+                wmin = probs.masked_fill(hidden | ~qv, float("inf")).amin(3)
+                torch.minimum(st_min[..., :n], wmin, out=st_min[..., :n])
+        if "max" in need:
             torch.maximum(st_max[..., :n], w.amax(3), out=st_max[..., :n])
-        wsum = w.sum(3)
-        self.st_sum[layer_idx, ..., :n] += wsum
-        self.st_cum[layer_idx, ..., :n] += wsum
+        if "sum" in need:
+            wsum = w.sum(3)
+            self.st_sum[layer_idx, ..., :n] += wsum
+            self.st_cum[layer_idx, ..., :n] += wsum
+
+    def _remember_queries(self, layer_idx: int, query, qtok, valid):
+        """Keep the latest W queries (the window statistics are recomputed from them at eviction time)."""
+        q = query.shape[2]
         W = F.QUERY_WINDOW
         if q >= W:
             self.rq[layer_idx].copy_(query[:, :, q - W:])
         else:
             self.rq[layer_idx] = torch.cat([self.rq[layer_idx], query], dim=2)[:, :, -W:]
-        keep = min(q, W)
         if layer_idx == self.num_layers - 1:
-            self.rq_token = torch.cat([self.rq_token, qtok[q - keep:]])[-F.QUERY_WINDOW:]
-            self.rq_valid = torch.cat([self.rq_valid, valid[:, q - keep:]], 1)[:, -F.QUERY_WINDOW:]
+            if q >= W:
+                self.rq_token, self.rq_valid = qtok[q - W:], valid[:, q - W:]
+            else:
+                self.rq_token = torch.cat([self.rq_token, qtok])[-W:]
+                self.rq_valid = torch.cat([self.rq_valid, valid], 1)[:, -W:]
 
     @torch.no_grad()
     def _flush(self):
@@ -471,34 +549,55 @@ class BoundedCache(Cache):
         qtok, valid = self.pq_token[:P].clone(), self.pq_valid[:, :P].clone()
         for layer in range(self.num_layers):
             query = self.pq[layer, :, :, :P]
-            probs, hidden = self._probs(layer, query, n, qtok, False, scale)
-            self._accumulate(layer, probs, hidden, valid, query, qtok)
+            if self.needs & _PROB_ACCUMULATIONS:
+                probs, hidden = self._probs(layer, query, n, qtok, False, scale)
+                self._accumulate(layer, probs, hidden, valid)
+            if "window" in self.needs:
+                self._remember_queries(layer, query, qtok, valid)
         self.n_pq = 0
 
     # ---------------------------------------------------------------------------------------------- evict
     def _window_stats(self, n: int, at: tuple | None = None) -> dict:
         """Sums over the last 1/8/16/32 queries, recomputed from the kept queries (see features.py). ``at``: the
         (evictions, tokens seen) of the view asking; a view older than the cache's state cannot have them."""
-        if at is not None and at != (self.steps, self.seen):
-            raise RuntimeError("this EvictionView is stale: the cache changed since it was made, so its window "
-                               "statistics cannot be computed any more (use view.snapshot() to keep one)")
+        if at is not None:
+            self._check_current(at)
         nl, h, g = self.num_layers, self.kv_heads, self.group
         b = self.keys.shape[1]
+        W = F.QUERY_WINDOW
         K = self.keys[:, :, :, :n]  # [nl,b,h,n,d]
-        scale = self.scaling
-        scores = torch.matmul(self.rq.view(nl, b, h, g * F.QUERY_WINDOW, -1), K.transpose(-1, -2)).float() * scale
-        scores = scores.view(nl, b, h, g, F.QUERY_WINDOW, n)
+        rq = (self.rq * self.scaling).view(nl, b, h, g * W, -1)
+        scores = torch.matmul(rq, K.transpose(-1, -2)).float().view(nl, b, h, g, W, n)
         ktok = self.token[:, :, :, :n]
-        vis = (ktok[:, :, :, None, None, :] <= self.rq_token[None, None, None, None, :, None]) & \
-              (ktok >= 0)[:, :, :, None, None, :]
-        vis = vis & (self.rq_token >= 0)[None, None, None, None, :, None]
-        probs = scores.masked_fill(~vis, float("-inf")).softmax(-1).nan_to_num(0.0)
-        probs = probs * self.rq_valid[None, :, None, None, :, None]
-        visible = vis.sum(-1, keepdim=True).clamp(min=1)
-        out = {"pivot32": ((probs >= 1.0 / visible) & vis).float().sum(-2)}  # Scissorhands' counts
+        newest = ktok[..., max(n - W, 0):]
+        if not self._pad_seen and n >= W and torch.equal(newest, self.rq_token.expand_as(newest)):
+            # the W queries are the tokens of the newest W slots (no padding): only that [W, W] block is causal,
+            # and query i sees the n - W + i + 1 keys up to itself
+            scores[..., n - W:].sub_(self._causal(W, scores.device))
+            probs = scores.softmax(-1)
+            visible = torch.arange(n - W + 1, n + 1, device=scores.device, dtype=torch.float32)[:, None]
+            hits = probs >= 1.0 / visible  # a hidden key has probability 0: never a hit
+        else:
+            vis = (ktok[:, :, :, None, None, :] <= self.rq_token[None, None, None, None, :, None]) & \
+                  (ktok >= 0)[:, :, :, None, None, :]
+            vis = vis & (self.rq_token >= 0)[None, None, None, None, :, None]
+            probs = scores.masked_fill(~vis, float("-inf")).softmax(-1).nan_to_num(0.0)
+            probs = probs * self.rq_valid[None, :, None, None, :, None]
+            visible = vis.sum(-1, keepdim=True).clamp(min=1)
+            hits = (probs >= 1.0 / visible) & vis
+        out = {"pivot32": hits.sum(-2, dtype=torch.float32)}  # Scissorhands' counts
         for w in F.WINDOWS:
             out[f"w{w}"] = probs[..., -w:, :].sum(-2)
         return out
+
+    def _min_stat(self, n: int, at: tuple) -> torch.Tensor:
+        self._check_current(at)
+        return torch.nan_to_num(self.st_min[..., :n], posinf=0.0)  # 0 for a key no block query saw
+
+    def _check_current(self, at: tuple):
+        if at != (self.steps, self.seen):
+            raise RuntimeError("this EvictionView is stale: the cache changed since it was made, so its lazily "
+                               "computed statistics cannot be computed any more (use view.snapshot() to keep one)")
 
     def _reset_block(self, sl):
         self.st[:_CUM, ..., sl] = 0  # sum and max; cum and decay carry over
@@ -507,9 +606,21 @@ class BoundedCache(Cache):
     def view(self) -> EvictionView:
         self._flush()
         n = self.n
-        stats = {"max": self.st_max[..., :n], "min": torch.nan_to_num(self.st_min[..., :n], posinf=0.0),
-                 "sum": self.st_sum[..., :n], "cum": self.st_cum[..., :n], "decay": self.st_decay[..., :n]}
-        stats = _Stats(stats, lambda at=(self.steps, self.seen): self._window_stats(n, at))
+        need, at = self.needs, (self.steps, self.seen)
+        stats = {}
+        if "max" in need:
+            stats["max"] = self.st_max[..., :n]
+        if "sum" in need:
+            stats.update(sum=self.st_sum[..., :n], cum=self.st_cum[..., :n], decay=self.st_decay[..., :n])
+        lazy = []
+        if "window" in need:
+            lazy.append((_WINDOW_KEYS, lambda: self._window_stats(n, at)))
+        if "min" in need:
+            lazy.append(({"min"}, lambda: {"min": self._min_stat(n, at)}))
+        missing = "" if need == _ALL_ACCUMULATIONS else (
+            f"policy {getattr(self.policy, 'name', self.policy)!r} declares reads="
+            f"{sorted(self.policy.reads)} (Policy.reads), and the cache computes only those")
+        stats = _Stats(stats, lazy, missing)
         tok = self.token[:, :, :, :n]
         evictable = tok >= 0
         slot = torch.arange(n, device=tok.device)
@@ -528,14 +639,17 @@ class BoundedCache(Cache):
         """Drop ``n_evict`` pairs per (layer, sequence, KV head); padding first, then by the policy's scores."""
         self._flush()
         n = self.n
-        self.st_decay[..., :n].mul_(F.DECAY).add_(self.st_sum[..., :n])
+        if "sum" in self.needs:
+            self.st_decay[..., :n].mul_(F.DECAY).add_(self.st_sum[..., :n])
         view = self.view()
         view.n_evict = n_evict
         tok = view.token
-        pad = (tok < 0) & (torch.arange(n, device=tok.device) >= self.protected_prefix)
         scores = self.policy.score(view).float()
-        scores = torch.where(pad, torch.full_like(scores, 1e30), scores)
-        evictable = view.evictable | pad
+        evictable = view.evictable
+        if self._pad_seen:  # padding slots go first (without padding, every slot below n holds a real token)
+            pad = (tok < 0) & (torch.arange(n, device=tok.device) >= self.protected_prefix)
+            scores = torch.where(pad, torch.full_like(scores, 1e30), scores)
+            evictable = evictable | pad
         n_cand = int(evictable.sum(-1).min())
         if n_cand < n_evict:
             raise RuntimeError(f"only {n_cand} evictable pairs for {n_evict} evictions: B, L, sinks and the "

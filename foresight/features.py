@@ -22,13 +22,20 @@ against the cached keys (no sequence×sequence tensor: a call sees at most L que
 window sums use the last 32 queries, which the cache keeps: at eviction time their attention rows are
 recomputed against the same keys under the same causal rule, which reproduces exactly the probabilities they
 had (keys added later are masked, and nothing was evicted in between when L ≥ 32). ``w1`` (the newest query
-alone, TOVA's statistic) is available to policies but not part of the scorer features.
+alone, TOVA's statistic) is available to policies but not part of the scorer features, nor is ``pivot32``
+(Scissorhands' count of the last 32 queries for which a key got at least the uniform share 1/visible).
+
+A policy declares what it reads (``Policy.reads``) and the cache computes only that: H2O's ``cum`` needs the sums
+but no max or min; StreamingLLM, Knorm, KeyDiff and random read nothing, so their attention runs as fused SDPA
+with no statistics at all. A policy that declares nothing gets everything, and so does a cache with a recorder
+(golden trajectories record every statistic for the scorers).
 """
 
 from __future__ import annotations
 
 STAT_NAMES = ("max", "min", "sum", "w8", "w16", "w32", "cum", "decay")
 WINDOWS = (1, 8, 16, 32)
+VIEW_STATS = frozenset(STAT_NAMES) | {"w1", "pivot32"}  # every name an EvictionView's stats can hold
 QUERY_WINDOW = max(WINDOWS)
 DECAY = 0.9
 

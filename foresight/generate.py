@@ -62,11 +62,10 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
     s, logits = 0, None
     while s < P:
         q = cache.next_chunk(P - s) if policy is not None else min(prefill_chunk, P - s)
-        kw = {}
         if policy is not None:
-            cache.feed(mask[:, s:s + q])
+            kw = cache.feed(mask[:, s:s + q])
         else:
-            kw["attention_mask"] = mask[:, : s + q].long()
+            kw = {"attention_mask": mask[:, : s + q].long()}
         logits = model(input_ids=input_ids[:, s:s + q], position_ids=positions[:, s:s + q], cache=cache,
                        use_cache=True, **kw).logits[:, -1]
         s += q
@@ -89,12 +88,11 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
             done = done | (tok == eos_token_id)
         if bool(done.all()) or len(new) == max_new_tokens:
             break
-        kw = {}
         if policy is not None:
-            cache.feed(torch.ones(b, 1, dtype=torch.bool, device=dev))
+            kw = cache.feed(torch.ones(b, 1, dtype=torch.bool, device=dev))
         else:
             full_mask = torch.cat([full_mask, torch.ones(b, 1, dtype=full_mask.dtype, device=dev)], 1)
-            kw["attention_mask"] = full_mask
+            kw = {"attention_mask": full_mask}
         logits = model(input_ids=tok[:, None], position_ids=next_pos[:, None], cache=cache, use_cache=True,
                        **kw).logits[:, -1]
         next_pos = next_pos + 1

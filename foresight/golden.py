@@ -96,6 +96,8 @@ class GoldenPolicy(Policy):
     ``future`` is one trace's ``[nl, n_blocks, h, S]`` (every row of the batch follows it, e.g. G copies of a
     trace) or a stack ``[b, nl, n_blocks, h, S]`` with one trace per row (equal lengths)."""
 
+    reads = frozenset()  # the future is given; a recorder still gets every statistic
+
     def __init__(self, future: torch.Tensor):
         self.future = future if future.dim() == 5 else future.unsqueeze(0)
 

@@ -68,8 +68,7 @@ def rollout(model, input_ids: torch.Tensor, policy=None, budget: int | None = No
     while s < S:
         q = cache.next_chunk(S - s) if policy is not None else min(chunk, S - s)
         if policy is not None:
-            cache.feed(attention_mask[:, s:s + q])
-            kw = {}
+            kw = cache.feed(attention_mask[:, s:s + q])
         else:
             kw = {"attention_mask": attention_mask[:, : s + q].long()}
         out = model(input_ids=input_ids[:, s:s + q], position_ids=positions[:, s:s + q], cache=cache,

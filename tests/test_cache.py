@@ -7,6 +7,7 @@ from foresight.cache import BoundedCache, validate_budget
 from foresight.features import STAT_NAMES
 from foresight.generate import generate
 from foresight.policies import make_policy
+from foresight.policies.base import Policy
 from foresight.rollout import rollout
 
 
@@ -223,22 +224,25 @@ def test_protected_window_option_keeps_a_wider_recent_window(qwen3):
         generate(qwen3, ids, max_new_tokens=5, policy=make_policy("h2o"), budget=24, interval=4, sinks=2, window=23)
 
 
-def test_fast_causal_path_equals_fully_masked_path():
+@pytest.mark.parametrize("B,L", [(24, 8), (64, 32)])
+def test_fast_causal_path_equals_fully_masked_path(B, L):
     """Without padding only the newest block is masked; the statistics equal those of the fully masked path that
-    padded batches take (chunks and replayed decoding queries alike)."""
+    padded batches take (chunks and replayed decoding queries alike). With L >= 32 the window sums take their own
+    fast path too (the 32 kept queries are then the newest 32 slots)."""
     m = tiny_qwen3()
-    ids = torch.randint(8, 170, (2, 100))
+    S, cut = max(100, 4 * B), max(60, 2 * B + 12)  # chunks up to `cut`, then token-by-token decoding
+    ids = torch.randint(8, 170, (2, S))
     got = {}
     for full_mask in (False, True):
         views = []
-        c = BoundedCache(m.config, make_policy("h2o"), budget=24, interval=8, recorder=lambda s: views.append(s["view"]))
+        c = BoundedCache(m.config, make_policy("h2o"), budget=B, interval=L, recorder=lambda s: views.append(s["view"]))
         c._pad_seen = full_mask
         with torch.no_grad():
-            feed_chunks(m, c, ids[:, :60])
-            for t in range(60, 100):
+            feed_chunks(m, c, ids[:, :cut])
+            for t in range(cut, S):
                 m(input_ids=ids[:, t:t + 1], cache=c, use_cache=True)
         got[full_mask] = views
-    assert len(got[False]) == len(got[True]) > 8
+    assert len(got[False]) == len(got[True]) > 3
     for a, b in zip(got[False], got[True]):
         assert torch.equal(a.token, b.token)
         assert set(a.stats) == set(b.stats) >= set(STAT_NAMES)
@@ -246,15 +250,74 @@ def test_fast_causal_path_equals_fully_masked_path():
             assert torch.allclose(a.stats[name], b.stats[name], atol=1e-6), name
 
 
+class _ReadsAll(Policy):
+    """Scores like ``inner`` but declares nothing, so the cache computes every statistic."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def score(self, view):
+        return self.inner.score(view)
+
+
 def test_window_statistics_are_lazy_and_a_stale_view_refuses_them(qwen3):
-    c = BoundedCache(qwen3.config, make_policy("h2o"), budget=24, interval=8)
+    c = BoundedCache(qwen3.config, _ReadsAll(make_policy("h2o")), budget=24, interval=8)
     with torch.no_grad():
         feed_chunks(qwen3, c, torch.randint(8, 170, (1, 30)))
     v = c.view()
-    assert "w8" not in v.stats and "sum" in v.stats  # H2O's eviction never computes the window sums
+    assert "w8" not in v.stats and "sum" in v.stats  # an eviction reading only `cum` never computed the window sums
     early = c.view()
     assert v.stats["w8"].shape == v.stats["sum"].shape and "w32" in v.stats
     with torch.no_grad():
         feed_chunks(qwen3, c, torch.randint(8, 170, (1, 10)))  # an eviction happens
     with pytest.raises(RuntimeError, match="stale"):
         early.stats["w8"]
+
+
+@pytest.mark.parametrize("name", ["streamingllm", "h2o", "tova", "snapkv", "scissorhands"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_policy_gets_what_it_declares_and_skipping_the_rest_changes_nothing(name, padded):
+    """The cache accumulates only the statistics a policy declares (StreamingLLM: none, so fused attention); the
+    evictions and per-token losses equal those of a run that computes everything."""
+    m = tiny_qwen3()
+    ids = torch.randint(8, 170, (2, 150))
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    if padded:
+        mask[0, :7] = False
+    sinks = 4 if name == "streamingllm" else 0
+    kept, losses, caches = [], [], []
+    for pol in (make_policy(name), _ReadsAll(make_policy(name))):
+        losses.append(rollout(m, ids, pol, 48, 16, sinks=sinks, attention_mask=mask).token_loss)
+    for pol in (make_policy(name), _ReadsAll(make_policy(name))):
+        c = BoundedCache(m.config, pol, budget=48, interval=16, sinks=sinks)
+        with torch.no_grad():
+            s = 0
+            while s < ids.shape[1]:
+                q = c.next_chunk(ids.shape[1] - s)
+                m(input_ids=ids[:, s:s + q], cache=c, use_cache=True, **c.feed(mask[:, s:s + q]))
+                s += q
+            for t in range(20):  # decoding steps: deferred statistics only where declared
+                m(input_ids=ids[:, t:t + 1], cache=c, use_cache=True, **c.feed(torch.ones(2, 1, dtype=torch.bool)))
+        kept.append(c.token[..., :c.n].clone())
+        caches.append(c)
+    assert torch.equal(kept[0], kept[1])
+    assert torch.allclose(losses[0], losses[1], atol=1e-5)
+    declared, everything = caches[0].view().stats, caches[1].view().stats
+    assert set(everything) >= {"max", "sum", "cum", "decay"}
+    if name == "streamingllm":
+        assert caches[0].needs == frozenset() and caches[0].n_pq == 0  # no decoding query kept for statistics
+    if name == "h2o":
+        assert torch.allclose(declared["cum"], everything["cum"], atol=1e-6)
+    if name != "h2o":
+        with pytest.raises(KeyError, match=f"'{name}'.*reads"):
+            declared["cum"]
+    with pytest.raises(KeyError, match="was not computed"):
+        declared["max"]
+
+
+def test_a_policy_declaring_an_unknown_statistic_is_refused(qwen3):
+    class Odd(Policy):
+        name, reads = "odd", frozenset({"cum", "w64"})
+
+    with pytest.raises(ValueError, match="w64"):
+        BoundedCache(qwen3.config, Odd(), budget=24, interval=8)

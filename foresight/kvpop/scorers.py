@@ -252,7 +252,7 @@ class KVpopOraclePolicy(Policy):
     teacher-forced evaluation only). ``prio``: [b, nl, h, S], one trace per row (see ``kvpop_oracle_priorities``).
     Separates the target's quality from the scorers' on a task."""
 
-    needs_attention = False
+    reads = frozenset()
 
     def __init__(self, prio: torch.Tensor, window: int, sinks: int):
         self.prio, self.layout_window, self.layout_sinks = prio, window, sinks
@@ -278,7 +278,7 @@ def kvpop_oracle_priorities(model, ids: torch.Tensor, kc) -> torch.Tensor:
 class KVpopPolicy(Policy):
     """Eviction by a trained KVpop scorer: keeps sinks, the window and the top-k by decayed priority."""
 
-    needs_attention = False
+    reads = frozenset()
 
     def __init__(self, scorer: _KVpopScorer, label: str = "kvpop"):
         self.scorer, self.name = scorer, label

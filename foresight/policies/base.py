@@ -34,7 +34,13 @@ def pool_group(x: torch.Tensor, how: str = "mean") -> torch.Tensor:
 
 class Policy:
     name = "policy"
-    needs_attention = True  # False for query-free policies (suit fused attention kernels)
+    # the names of ``view.stats`` (features.VIEW_STATS) that ``score`` reads; None = all of them. The cache computes
+    # only these: an empty set lets it run fused attention with no statistics (query-free policies)
+    reads: frozenset | None = None
+
+    @property
+    def needs_attention(self) -> bool:
+        return self.reads is None or bool(self.reads)
 
     def score(self, view) -> torch.Tensor:  # pragma: no cover - interface
         raise NotImplementedError

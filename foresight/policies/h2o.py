@@ -9,6 +9,8 @@ from foresight.policies.base import Policy, pool_group, register
 
 @register("h2o")
 class H2O(Policy):
+    reads = frozenset({"cum"})
+
     def __init__(self, pool: str = "sum"):
         self.pool = pool
 

@@ -11,7 +11,7 @@ from foresight.policies.base import Policy, register
 
 @register("keydiff")
 class KeyDiff(Policy):
-    needs_attention = False
+    reads = frozenset()
 
     def score(self, view):
         k = view.keys.float()

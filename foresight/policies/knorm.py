@@ -9,7 +9,7 @@ from foresight.policies.base import Policy, register
 
 @register("knorm")
 class KeyNorm(Policy):
-    needs_attention = False
+    reads = frozenset()
 
     def score(self, view):
         return view.keys.float().norm(dim=-1)

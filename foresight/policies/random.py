@@ -9,7 +9,7 @@ from foresight.policies.base import Policy, register
 
 @register("random")
 class Random(Policy):
-    needs_attention = False
+    reads = frozenset()
 
     def score(self, view):
         g = view.generator

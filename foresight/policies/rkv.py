@@ -37,6 +37,7 @@ def redundancy(keys: torch.Tensor, valid: torch.Tensor, threshold: float = 0.5) 
 class RKV(Policy):
     def __init__(self, lam: float = 0.1, window: int = 8, kernel: int = 7, threshold: float = 0.5):
         self.lam, self.window, self.kernel, self.threshold = lam, window, kernel, threshold
+        self.reads = frozenset({f"w{window}"})
 
     def score(self, view):
         a = maxpool_slots(pool_group(view.stats[f"w{self.window}"], "max"), self.kernel)

@@ -13,6 +13,8 @@ from foresight.policies.base import Policy, register
 
 @register("scissorhands")
 class Scissorhands(Policy):
+    reads = frozenset({"pivot32"})
+
     def __init__(self, window: int = 32):
         self.window = window
 

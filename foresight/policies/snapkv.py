@@ -25,6 +25,7 @@ class SnapKV(Policy):
         if window not in (1, 8, 16, 32):
             raise ValueError("snapkv window must be one of 1, 8, 16, 32")
         self.window, self.kernel, self.pool = window, kernel, pool
+        self.reads = frozenset({f"w{window}"})
 
     def score(self, view):
         a = pool_group(view.stats[f"w{self.window}"], self.pool)

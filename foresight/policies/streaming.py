@@ -9,7 +9,7 @@ from foresight.policies.base import Policy, register
 
 @register("streamingllm")
 class StreamingLLM(Policy):
-    needs_attention = False
+    reads = frozenset()
 
     def score(self, view):
         return -view.token.float()

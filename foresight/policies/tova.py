@@ -8,6 +8,8 @@ from foresight.policies.base import Policy, pool_group, register
 
 @register("tova")
 class TOVA(Policy):
+    reads = frozenset({"w1"})
+
     def __init__(self, pool: str = "mean"):
         self.pool = pool
 
