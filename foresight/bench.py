@@ -1,7 +1,9 @@
 """``make bench``: speed and memory of the eviction engine on the embedded teacher (not part of the tests).
 
-* rollout (teacher-forced, H2O, B=512, L=128) versus one dense SDPA forward pass at S = 4k, 8k, 16k; and at 16k for
-  a batch of 8 rows (GRPO's group of trajectories of one trace) versus a dense pass over the same 8 rows;
+* rollout (teacher-forced, H2O, B=512, L=128) versus one dense SDPA forward pass at S = 4k, 8k, 16k, each the best
+  of 3 with the two measured alternately; at 16k also with the learned scorers (every statistic plus the scorer
+  MLPs: the SFT/GRPO/inference path) and StreamingLLM (no statistics: fused attention), and for a batch of 8 rows
+  (GRPO's group of trajectories of one trace) versus a dense pass over the same 8 rows;
 * golden labels (blockwise future attention) versus one dense forward pass;
 * generation tokens/s, cache bytes and peak RSS at 1k, 4k, 8k new tokens: full cache versus B=512, L=128
   (each configuration in its own process, so peak RSS is its own);
@@ -42,21 +44,42 @@ def _time(fn, repeat=1):
     return best
 
 
-def bench_rollout(sizes=(4096, 8192, 16384), B=512, L=128, batch=1):
-    from foresight.golden import block_pooled_attention
+def _time_pair(fa, fb, repeat=3):
+    """Best-of-``repeat`` times of two functions, measured alternately so both see the same machine conditions
+    (timings on a shared machine drift by ±15% between minutes)."""
+    ta = tb = float("inf")
+    for _ in range(repeat):
+        ta = min(ta, _time(fa))
+        tb = min(tb, _time(fb))
+    return ta, tb
+
+
+def _policy(name: str, model):
     from foresight.policies import make_policy
+    from foresight.scorer import LearnedPolicy, bank_for_model
+
+    # a randomly initialised scorer bank costs what a trained one does
+    return LearnedPolicy(bank_for_model(model)) if name == "learned" else make_policy(name)
+
+
+def bench_rollout(sizes=(4096, 8192, 16384), B=512, L=128, batch=1, policy="h2o", golden=True):
+    from foresight.golden import block_pooled_attention
     from foresight.rollout import rollout
 
     model, _ = _model()
+    pol = _policy(policy, model)
     out = []
     for S in sizes:
         ids = torch.randint(8, 170, (1, S), generator=torch.Generator().manual_seed(S)).expand(batch, -1)
-        with torch.no_grad():
-            dense = _time(lambda: model(input_ids=ids, use_cache=False), repeat=2)
-        roll = _time(lambda: rollout(model, ids, make_policy("h2o"), B, L), repeat=2)
-        row = {"S": S, "batch": batch, "dense_forward_s": round(dense, 3), "rollout_s": round(roll, 3),
-               "rollout_over_dense": round(roll / dense, 3)}
-        if S <= 8192 and batch == 1:
+
+        def dense_pass():
+            with torch.no_grad():
+                model(input_ids=ids, use_cache=False)
+
+        dense, roll = _time_pair(dense_pass, lambda: rollout(model, ids, pol, B, L))
+        row = {"S": S, "batch": batch, "policy": policy, "dense_forward_s": round(dense, 3),
+               "rollout_s": round(roll, 3), "rollout_over_dense": round(roll / dense, 3)}
+        if golden and S <= 8192 and batch == 1:
             gold = _time(lambda: block_pooled_attention(model, ids, B, L), repeat=1)
             row["golden_s"] = round(gold, 3)
             row["golden_over_dense"] = round(gold / dense, 3)
@@ -130,10 +153,10 @@ def bench_scorer_overhead(new_tokens=2048, B=512, L=128):
 
 
 def table(res: dict) -> str:
-    lines = ["| S | batch | dense forward (s) | rollout (s) | rollout/dense | golden (s) | golden/dense |",
-             "|---|---|---|---|---|---|---|"]
-    for r in res["rollout"] + res.get("rollout_group", []):
-        lines.append(f"| {r['S']} | {r.get('batch', 1)} | {r['dense_forward_s']} | {r['rollout_s']} | "
+    lines = ["| S | batch | policy | dense forward (s) | rollout (s) | rollout/dense | golden (s) | golden/dense |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in res["rollout"] + res.get("rollout_policies", []) + res.get("rollout_group", []):
+        lines.append(f"| {r['S']} | {r.get('batch', 1)} | {r.get('policy', 'h2o')} | {r['dense_forward_s']} | {r['rollout_s']} | "
                      f"{r['rollout_over_dense']} | {r.get('golden_s', '—')} | {r.get('golden_over_dense', '—')} |")
     lines += ["", "| new tokens | cache | tokens/s | cache bytes | peak RSS (MB) |", "|---|---|---|---|---|"]
     for r in res["generation"]:
@@ -155,8 +178,10 @@ def main(argv=None):
                "scorer_overhead": bench_scorer_overhead(512)}
     else:
         res = {"rollout": bench_rollout(), "generation": bench_generation(), "scorer_overhead": bench_scorer_overhead(),
+               "rollout_policies": [r for p in ("learned", "streamingllm")
+                                    for r in bench_rollout((16384,), policy=p, golden=False)],
                # GRPO's setting: a group of 8 trajectories of one trace as one batch, against a dense pass over 8 rows
-               "rollout_group": bench_rollout((16384,), batch=8)}
+               "rollout_group": bench_rollout((16384,), batch=8, policy="learned", golden=False)}
     res["threads"] = torch.get_num_threads()
     a.out.write_text(json.dumps(res, indent=1))
     t = table(res)

@@ -74,23 +74,19 @@ class ScorerBank(nn.Module):
             parts.append(torch.log(view.attn_features().detach().float() + 1e-6))
         return torch.cat(parts, dim=-1)
 
-    def _folded(self):
-        """The layernorm's affine folded into the first linear map: ``(x̂·γ + β) W1 + b1 = x̂ (γ ⊙ W1) + (β W1 + b1)``,
-        so the [.., n, D_in] inputs are traversed once less (weights [nl, h, D_in, hidden], bias [nl, h, hidden])."""
-        return self.ln_w.unsqueeze(-1) * self.w1, torch.einsum("lhd,lhdk->lhk", self.ln_b, self.w1) + self.b1
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w1, b1 = self._folded()
-        x = nn.functional.layer_norm(x.float(), (self.d_in,))
-        hdn = torch.einsum("lbhnd,lhdk->lbhnk", x, w1) + b1[:, None, :, None, :]
+        x = x.float()
+        x = nn.functional.layer_norm(x, (self.d_in,))
+        x = x * self.ln_w[:, None, :, None, :] + self.ln_b[:, None, :, None, :]
+        hdn = torch.einsum("lbhnd,lhdk->lbhnk", x, self.w1) + self.b1[:, None, :, None, :]
         hdn = ACTIVATIONS[self.activation](hdn)
         return torch.einsum("lbhnk,lhk->lbhn", hdn, self.w2)
 
     def forward_layer(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """One layer's MLPs: x [b, h, n, D_in] -> [b, h, n] (used by per-layer hooks such as kvpress)."""
-        w1, b1 = self._folded()
         x = nn.functional.layer_norm(x.float(), (self.d_in,))
-        hdn = torch.einsum("bhnd,hdk->bhnk", x, w1[layer]) + b1[layer][None, :, None, :]
+        x = x * self.ln_w[layer][None, :, None, :] + self.ln_b[layer][None, :, None, :]
+        hdn = torch.einsum("bhnd,hdk->bhnk", x, self.w1[layer]) + self.b1[layer][None, :, None, :]
         hdn = ACTIVATIONS[self.activation](hdn)
         return torch.einsum("bhnk,hk->bhn", hdn, self.w2[layer])
 
