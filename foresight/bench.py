@@ -1,7 +1,7 @@
 """``make bench``: speed and memory of the eviction engine on the embedded teacher (not part of the tests).
 
 * rollout (teacher-forced, H2O, B=512, L=128) versus one dense SDPA forward pass at S = 4k, 8k, 16k, each the best
-  of 3 with the two measured alternately; at 16k also with the learned scorers (every statistic plus the scorer
+  of 5 (3 for batches) with the two measured alternately; at 16k also with the learned scorers (every statistic plus the scorer
   MLPs: the SFT/GRPO/inference path) and StreamingLLM (no statistics: fused attention), and for a batch of 8 rows
   (GRPO's group of trajectories of one trace) versus a dense pass over the same 8 rows;
 * golden labels (blockwise future attention) versus one dense forward pass;
@@ -31,8 +31,13 @@ from foresight.config import ModelConfig
 def _model():
     from foresight.models import load_model
 
+    torch.set_num_threads(_threads())
     model, tok = load_model(ModelConfig(), device="cpu")
     return model, tok
+
+
+def _threads() -> int:
+    return int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() or 1))
 
 
 def _time(fn, repeat=1):
@@ -62,30 +67,45 @@ def _policy(name: str, model):
     return LearnedPolicy(bank_for_model(model)) if name == "learned" else make_policy(name)
 
 
-def bench_rollout(sizes=(4096, 8192, 16384), B=512, L=128, batch=1, policy="h2o", golden=True):
+def _rollout_child(S: int, B: int, L: int, batch: int, policy: str, golden: bool):
+    """Runs in a subprocess: one rollout row (dense pass vs rollout, and golden labels when asked)."""
     from foresight.golden import block_pooled_attention
     from foresight.rollout import rollout
 
     model, _ = _model()
     pol = _policy(policy, model)
-    out = []
-    for S in sizes:
-        ids = torch.randint(8, 170, (1, S), generator=torch.Generator().manual_seed(S)).expand(batch, -1)
+    ids = torch.randint(8, 170, (1, S), generator=torch.Generator().manual_seed(S)).expand(batch, -1).contiguous()
 
-        def dense_pass():
-            with torch.no_grad():
-                model(input_ids=ids, use_cache=False)
+    def dense_pass():
+        with torch.no_grad():
+            model(input_ids=ids, use_cache=False)
 
-        dense, roll = _time_pair(dense_pass, lambda: rollout(model, ids, pol, B, L))
-        row = {"S": S, "batch": batch, "policy": policy, "dense_forward_s": round(dense, 3),
-               "rollout_s": round(roll, 3), "rollout_over_dense": round(roll / dense, 3)}
-        if golden and S <= 8192 and batch == 1:
-            gold = _time(lambda: block_pooled_attention(model, ids, B, L), repeat=1)
-            row["golden_s"] = round(gold, 3)
-            row["golden_over_dense"] = round(gold / dense, 3)
-        out.append(row)
-        print(json.dumps(row), flush=True)
-    return out
+    dense, roll = _time_pair(dense_pass, lambda: rollout(model, ids, pol, B, L), repeat=5 if batch == 1 else 3)
+    row = {"S": S, "batch": batch, "policy": policy, "dense_forward_s": round(dense, 3), "rollout_s": round(roll, 3),
+           "rollout_over_dense": round(roll / dense, 3)}
+    if golden:
+        gold = _time(lambda: block_pooled_attention(model, ids, B, L), repeat=1)
+        row["golden_s"] = round(gold, 3)
+        row["golden_over_dense"] = round(gold / dense, 3)
+    print(json.dumps(row))
+
+
+def _child(call: str) -> dict:
+    """Run ``foresight.bench.<call>`` in a fresh process (each row gets its own heap and peak RSS: a row measured
+    after another one's large allocations ran up to 40% slower) and return the JSON row it prints last."""
+    code = f"import sys; sys.argv=['x']; import foresight.bench as b; b.{call}"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(res.stderr[-2000:])
+    row = json.loads(res.stdout.strip().splitlines()[-1])
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def bench_rollout(sizes=(4096, 8192, 16384), B=512, L=128, batch=1, policy="h2o", golden=True):
+    """One row per S; golden labels (one trace at a time) at S <= 8k for single sequences."""
+    return [_child(f"_rollout_child({S}, {B}, {L}, {batch}, {policy!r}, {golden and S <= 8192 and batch == 1})")
+            for S in sizes]
 
 
 def _generation_child(new_tokens: int, budget: int | None, interval: int | None, policy: str):
@@ -110,18 +130,8 @@ def _generation_child(new_tokens: int, budget: int | None, interval: int | None,
 
 
 def bench_generation(lengths=(1024, 4096, 8192), B=512, L=128):
-    out = []
-    for n in lengths:
-        for policy, b, l in (("full", None, None), ("h2o", B, L), ("streamingllm", B, L)):
-            code = ("import sys; sys.argv=['x']; from foresight.bench import _generation_child as g; "
-                    f"g({n}, {b}, {l}, {policy!r})")
-            res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-            if res.returncode != 0:
-                raise RuntimeError(res.stderr[-2000:])
-            row = json.loads(res.stdout.strip().splitlines()[-1])
-            out.append(row)
-            print(json.dumps(row), flush=True)
-    return out
+    return [_child(f"_generation_child({n}, {b}, {l}, {policy!r})")
+            for n in lengths for policy, b, l in (("full", None, None), ("h2o", B, L), ("streamingllm", B, L))]
 
 
 def bench_scorer_overhead(new_tokens=2048, B=512, L=128):
@@ -172,7 +182,7 @@ def main(argv=None):
     ap.add_argument("--out", type=Path, default=Path("bench.json"))
     ap.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
     a = ap.parse_args(argv)
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() or 1)))
+    torch.set_num_threads(_threads())
     if a.quick:
         res = {"rollout": bench_rollout((1024, 2048)), "generation": bench_generation((256,)),
                "scorer_overhead": bench_scorer_overhead(512)}
