@@ -37,5 +37,38 @@ def test_transformers_snippet_runs(tmp_path, monkeypatch):
     assert 320 + 64 < ns["out"].shape[1] <= ns["input_ids"].shape[1] + 500
 
 
+def test_policy_snippet_runs_and_gets_only_what_it_declares():
+    import torch
+
+    from foresight.cache import BoundedCache
+    from foresight.config import ModelConfig
+    from foresight.models import load_model
+    from foresight.policies.base import REGISTRY
+    from foresight.rollout import rollout
+
+    (code,) = snippets("Write your own eviction policy")
+    ns: dict = {}
+    try:
+        exec(code, ns)  # noqa: S102
+        model, _ = load_model(ModelConfig(), device="cpu")
+        ids = torch.randint(8, 170, (1, 400), generator=torch.Generator().manual_seed(0))
+        steps = []
+        r = rollout(model, ids, ns["policy"], 128, 32, recorder=steps.append)
+        assert len(steps) == (400 - 160) // 32 + 1 and torch.isfinite(r.token_loss).all()
+        c = BoundedCache(model.config, ns["policy"], 128, 32)  # computes cum and w8 only
+        with torch.no_grad():
+            s = 0
+            while s < 200:
+                q = c.next_chunk(200 - s)
+                model(input_ids=ids[:, s:s + q], cache=c, use_cache=True, **c.feed(torch.ones(1, q, dtype=torch.bool)))
+                s += q
+        v = c.view()
+        assert v.stats["w8"].shape == v.stats["cum"].shape
+        with pytest.raises(KeyError, match="h2o-recent8"):
+            v.stats["max"]
+    finally:
+        REGISTRY.pop("h2o-recent8", None)
+
+
 def test_kvpress_snippet_is_tested_in_its_environment():
     pytest.importorskip("kvpress")  # runs in .venv-kvpress (tests/kvpress has the full checks)
