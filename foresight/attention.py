@@ -43,19 +43,30 @@ def foresight_attention(module, query, key, value, attention_mask, scaling=None,
 
 def _dense_pooled_attention(module, query, key, value, scaling, pooler):
     """Explicit causal attention of a chunk's queries against all keys so far ([heads, q, S] at a time), handing
-    the probabilities to a golden-label pooler (foresight.golden). Single sequence, no padding."""
+    the probabilities to a golden-label pooler (foresight.golden). Single sequence, no padding. Two [q, S]-sized
+    tensors per call (scores, then probabilities): the scale goes on the queries and only the newest [q, q] block
+    is masked, in place."""
     b, hq, q, d = query.shape
     h, k = key.shape[1], key.shape[2]
     g = hq // h
     scale = scaling if scaling is not None else d ** -0.5
-    qf = query.view(b, h, g, q, d)
-    scores = torch.matmul(qf, key.unsqueeze(2).transpose(-1, -2)).float() * scale  # [b,h,g,q,k]
-    qpos = torch.arange(k - q, k, device=query.device)
-    causal = torch.arange(k, device=query.device)[None, :] <= qpos[:, None]
-    probs = scores.masked_fill(~causal, float("-inf")).softmax(-1)
+    scores = torch.matmul((query * scale).reshape(b, h, g * q, d), key.transpose(-1, -2)).float().view(b, h, g, q, k)
+    scores[..., k - q:].sub_(_upper_inf(q, query.device))
+    probs = scores.softmax(-1)
     pooler.add(module.layer_idx, probs.view(b, hq, q, k))
-    out = torch.matmul(probs.to(value.dtype), value.unsqueeze(2))
-    return out.reshape(b, hq, q, d).transpose(1, 2)
+    out = torch.matmul(probs.to(value.dtype).view(b, h, g * q, k), value)
+    return out.view(b, hq, q, d).transpose(1, 2)
+
+
+_UPPER_INF: dict = {}
+
+
+def _upper_inf(q: int, device) -> torch.Tensor:
+    """[q, q]: +inf above the diagonal (query i must not see the block's later keys), 0 elsewhere; cached."""
+    m = _UPPER_INF.get((q, device))
+    if m is None:
+        m = _UPPER_INF[(q, device)] = torch.full((q, q), float("inf"), device=device).triu(1)
+    return m
 
 
 @contextlib.contextmanager
