@@ -20,6 +20,9 @@ first ``sinks`` real tokens and, with ``protect_prompt``, every prompt token. A
 evicted first. A stateful policy (KVpop's mLSTM scorer) may define ``observe(cache, layer, first_new_slot,
 count)``: it sees every new pair as it arrives and keeps per-slot values in :meth:`BoundedCache.slot_tensor`, which
 eviction gathers with the kept slots.
+
+Statistics (:mod:`foresight.features`) are accumulated only as far as the policy's ``reads`` asks (all of them when
+it declares nothing or a recorder is attached); with none at all, chunks and decoding steps run fused SDPA.
 """
 
 from __future__ import annotations
