@@ -48,7 +48,8 @@ from foresight.rollout import rollout
 from foresight.scorer import LearnedPolicy, load_scorer
 from foresight.selection import candidate_window, window_set_logprob
 
-from foresight.sft import atomic_save, finish_run, load_checkpoint, lr_lambda, optimizer_step, split_traces
+from foresight.sft import finish_run, full_state_dict, optimizer_step, save_progress, setup_training, split_traces, \
+    train_plan
 from foresight.traces import load_traces
 
 
@@ -146,19 +147,10 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
     ref = copy.deepcopy(bank).eval().requires_grad_(False)
     ds = load_traces(traces_dir)
     train_idx, val_idx = split_traces(len(ds), 2)
-    opt = torch.optim.Adam(bank.parameters(), lr=g.lr)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, g.warmup, g.steps, "constant"))
-    ckpt = out / "ckpt" / "state.pt"
-    start = load_checkpoint(ckpt, resume, rank, bank, opt, sched, "GRPO", log)
-    engine = None
-    if deepspeed_config or g.deepspeed:
-        from foresight.sft import _deepspeed_engine
-
-        class _C:  # the fields _deepspeed_engine reads
-            batch_traces, grad_clip = g.traces_per_step, 1.0
-
-        # the scheduler stays ours: GRPO takes `epochs` optimiser steps per training step
-        engine = _deepspeed_engine(bank, opt, None, deepspeed_config or g.deepspeed, _C)
+    # a constant rate after warm-up; the schedule stays ours under DeepSpeed: GRPO takes `epochs` optimiser steps
+    # per training step and steps the schedule once
+    plan = train_plan(g, schedule="constant", batch_traces=g.traces_per_step, grad_clip=1.0, engine_schedules=False)
+    opt, sched, ckpt, start, engine = setup_training(bank, plan, out, resume, rank, deepspeed_config, "GRPO", log)
     writer = None
     if rank == 0:
         from torch.utils.tensorboard import SummaryWriter
@@ -209,7 +201,7 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
             if not losses:
                 raise ValueError("no eviction happened in this batch: traces are shorter than B + L")
             loss = torch.stack(losses).mean()
-            optimizer_step(loss, bank, opt, engine, 1.0)
+            optimizer_step(loss, bank, opt, engine, plan.grad_clip)
             stats = {"loss": loss.item(), "kl": sum(kls) / len(kls), "clip_frac": sum(clips) / len(clips)}
         sched.step()
         rewards = torch.cat([x[1] for x in groups])
@@ -220,14 +212,10 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
             for k, v in stats.items():
                 writer.add_scalar(f"grpo/{k}", v, step)
         bar.set_postfix(reward=f"{stats['reward_mean']:.3f}", kl=f"{stats['kl']:.4f}", clip=f"{stats['clip_frac']:.2f}")
-        if rank == 0 and ((step + 1) % g.ckpt_every == 0 or step + 1 == g.steps):
-            if val_idx and writer is not None:
-                v = validate(model, bank, ds, val_idx, cc, g)
-                for k, val in v.items():
-                    writer.add_scalar(f"grpo/{k}", val, step)
-            atomic_save({"bank": bank.state_dict(), "opt": opt.state_dict() if engine is None else None,
-                         "sched": sched.state_dict(),
-                         "step": step + 1}, ckpt)
+        saved = save_progress(step, plan, bank, opt, sched, engine, ckpt, rank)  # every rank (ZeRO-3 gathers)
+        if saved is not None and val_idx and writer is not None:
+            for k, val in validate(model, bank, ds, val_idx, cc, g).items():
+                writer.add_scalar(f"grpo/{k}", val, step)
     metrics = {"steps": g.steps, "group": g.group, "train_seconds_this_run": round(time.time() - t0, 1)}
     if hist:
         metrics["last_reward_mean"] = round(hist[-1]["reward_mean"], 5)
@@ -236,6 +224,6 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
         metrics.update({k: round(v, 5) for k, v in final.items()})
         if first_val:
             metrics.update({f"sft_{k}": round(v, 5) for k, v in first_val.items()})
-    finish_run(out, rank, world, bank.state_dict(), bank, model, recipe, "grpo", metrics,
+    finish_run(out, rank, world, full_state_dict(bank, engine), bank, model, recipe, "grpo", metrics,
                {"training_data": str(traces_dir), "init": str(init), "recipe": recipe.to_dict()}, writer, log)
     return bank, metrics

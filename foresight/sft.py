@@ -19,6 +19,7 @@ takes a disjoint share of every batch and DeepSpeed averages the gradients.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -163,7 +164,8 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
         raise ValueError(f"sft.objective={cfg.objective!r} is not available (foresight | kvpop)")
     device, model, ds, train_idx, val_idx = load_stage_inputs(recipe, traces_dir, world)
     bank = bank_for_model(model, recipe.scorer.hidden, recipe.scorer.activation, recipe.scorer.features, cfg.seed)
-    opt, sched, ckpt, start, engine = setup_training(bank, cfg, out, resume, rank, deepspeed_config, "SFT", log)
+    plan = train_plan(cfg)
+    opt, sched, ckpt, start, engine = setup_training(bank, plan, out, resume, rank, deepspeed_config, "SFT", log)
 
     cache_examples: dict[int, list] = {}
 
@@ -210,7 +212,7 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
             for layer, r in enumerate(rec.tolist()):
                 writer.add_scalar(f"sft/recall@L/layer{layer}", r, step)
         bar.set_postfix(loss=f"{last['loss']:.4f}", recall=f"{last['recall']:.3f}")
-        save_progress(step, cfg, bank, opt, sched, engine, ckpt, rank)
+        save_progress(step, plan, bank, opt, sched, engine, ckpt, rank)
     train_seconds = time.time() - t0
     metrics = {"train_loss": round(last.get("loss", float("nan")), 5),
                "train_recall_at_L": round(last.get("recall", float("nan")), 4), "steps": cfg.steps,
@@ -246,29 +248,54 @@ def load_stage_inputs(recipe, traces_dir, world: int):
     return device, model, ds, train_idx, val_idx
 
 
-def setup_training(module, cfg, out: Path, resume: bool, rank: int, deepspeed_config, stage: str, log):
-    """Adam + the warm-up/cosine schedule for ``module``, the run's checkpoint (restored with ``--resume``, before
-    DeepSpeed wraps anything: ZeRO partitions what is loaded) and the DeepSpeed engine when configured.
-    Returns (opt, sched, ckpt path, first step, engine or None)."""
-    opt = torch.optim.Adam(module.parameters(), lr=cfg.lr)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, cfg.warmup, cfg.steps, cfg.schedule))
+@dataclasses.dataclass(frozen=True)
+class TrainPlan:
+    """What the plumbing shared by the training stages reads: optimiser, schedule, checkpoints, DeepSpeed. SFT and
+    KVpop take it from the ``sft`` section as is; GRPO from ``grpo`` (see :func:`train_plan`)."""
+
+    lr: float
+    warmup: int
+    steps: int
+    schedule: str
+    batch_traces: int  # traces per optimiser step over all processes
+    grad_clip: float
+    ckpt_every: int
+    deepspeed: str | None = None
+    engine_schedules: bool = True  # under DeepSpeed, the engine steps the schedule at each optimiser step
+
+
+def train_plan(section, **overrides) -> TrainPlan:
+    """A :class:`TrainPlan` from a recipe section's fields of the same names, plus ``overrides``."""
+    names = [f.name for f in dataclasses.fields(TrainPlan)]
+    return TrainPlan(**{n: getattr(section, n) for n in names if hasattr(section, n)} | overrides)
+
+
+def setup_training(module, plan: TrainPlan, out: Path, resume: bool, rank: int, deepspeed_config, stage: str, log):
+    """Adam + the warm-up/cosine (or constant) schedule for ``module``, the run's checkpoint (restored with
+    ``--resume``, before DeepSpeed wraps anything: ZeRO partitions what is loaded) and the DeepSpeed engine when
+    configured. Returns (opt, sched, ckpt path, first step, engine or None)."""
+    opt = torch.optim.Adam(module.parameters(), lr=plan.lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, plan.warmup, plan.steps, plan.schedule))
     ckpt = out / "ckpt" / "state.pt"
     start = load_checkpoint(ckpt, resume, rank, module, opt, sched, stage, log)
     engine = None
-    ds_cfg = deepspeed_config or cfg.deepspeed
+    ds_cfg = deepspeed_config or plan.deepspeed
     if ds_cfg:
-        engine = _deepspeed_engine(module, opt, sched, ds_cfg, cfg)
+        engine = _deepspeed_engine(module, opt, sched if plan.engine_schedules else None, ds_cfg, plan)
     return opt, sched, ckpt, start, engine
 
 
-def save_progress(step: int, cfg, module, opt, sched, engine, ckpt: Path, rank: int) -> None:
-    """Every ``ckpt_every`` steps and at the end: the resumable state, written atomically by rank 0."""
-    if (step + 1) % cfg.ckpt_every == 0 or step + 1 == cfg.steps:
+def save_progress(step: int, plan: TrainPlan, module, opt, sched, engine, ckpt: Path, rank: int) -> dict | None:
+    """Every ``ckpt_every`` steps and at the end: the resumable state, written atomically by rank 0. Call on every
+    rank. Returns the full weights it saved (None when no checkpoint was due)."""
+    if (step + 1) % plan.ckpt_every == 0 or step + 1 == plan.steps:
         weights = full_state_dict(module, engine)  # collective under ZeRO-3: every rank takes part
         if rank == 0:
             # under DeepSpeed the Adam moments live in its partitions: a resumed DeepSpeed run restarts them
             atomic_save({"bank": weights, "opt": opt.state_dict() if engine is None else None,
                          "sched": sched.state_dict(), "step": step + 1}, ckpt)
+        return weights
+    return None
 
 
 def finish_run(out: Path, rank: int, world: int, weights: dict, bank, model, recipe, stage: str, metrics: dict,
@@ -316,14 +343,23 @@ def full_state_dict(bank, engine) -> dict:
     return {k: v.detach().clone() for k, v in bank.state_dict().items()}
 
 
-def _deepspeed_engine(bank, opt, sched, ds_cfg, cfg):
+def _deepspeed_engine(bank, opt, sched, ds_cfg, plan: TrainPlan):
     import deepspeed
 
     conf = json.loads(Path(ds_cfg).read_text()) if not isinstance(ds_cfg, dict) else dict(ds_cfg)
     _, world = distributed.rank_world()
-    conf.setdefault("train_micro_batch_size_per_gpu", max(1, cfg.batch_traces // world))
+    conf.setdefault("train_micro_batch_size_per_gpu", max(1, plan.batch_traces // world))
     conf.setdefault("gradient_accumulation_steps", 1)
-    conf.setdefault("gradient_clipping", cfg.grad_clip)
+    conf.setdefault("gradient_clipping", plan.grad_clip)
+    zero = conf.get("zero_optimization") or {}
+    if zero.get("stage") == 3:
+        # ZeRO-3 gathers a partitioned parameter at every forward call, a collective; the scorers run once per
+        # eviction step of each process's own traces, whose counts differ between processes (a hang). Scorer banks
+        # are small (1.3 M values for Qwen3-4B), so they stay whole on every rank; ZeRO-3 still partitions the
+        # gradients and the optimiser state.
+        n = sum(p.numel() for p in bank.parameters())
+        conf["zero_optimization"] = {**zero, "stage3_param_persistence_threshold": max(
+            n + 1, zero.get("stage3_param_persistence_threshold", 0))}
     engine, _, _, _ = deepspeed.initialize(model=bank, optimizer=opt, lr_scheduler=sched,
                                            model_parameters=bank.parameters(), config=conf)
     return engine

@@ -75,7 +75,7 @@ def boundary_loss(p_hat: torch.Tensor, ex: dict, kc, idx: torch.Tensor | None = 
 def train_kvpop(recipe, traces_dir, out, resume: bool = False, deepspeed_config=None, progress: bool = True,
                 log=print):
     from foresight.sft import finish_run, full_state_dict, load_stage_inputs, optimizer_step, save_progress, \
-        setup_training
+        setup_training, train_plan
 
     out = Path(out)
     cfg, kc, cc = recipe.sft, recipe.kvpop, recipe.cache
@@ -83,7 +83,8 @@ def train_kvpop(recipe, traces_dir, out, resume: bool = False, deepspeed_config=
     device, model, ds, train_idx, val_idx = load_stage_inputs(recipe, traces_dir, world)
     scorer = scorer_for_model(model, kc, cc.budget, cfg.seed).to(device)
     k = cc.budget - kc.sinks - kc.window
-    opt, sched, ckpt, start, engine = setup_training(scorer, cfg, out, resume, rank, deepspeed_config, "KVpop", log)
+    plan = train_plan(cfg)
+    opt, sched, ckpt, start, engine = setup_training(scorer, plan, out, resume, rank, deepspeed_config, "KVpop", log)
 
     examples: dict[int, dict] = {}
 
@@ -131,7 +132,7 @@ def train_kvpop(recipe, traces_dir, out, resume: bool = False, deepspeed_config=
             for name, v in last.items():
                 writer.add_scalar(f"kvpop/{name}", v, step)
         bar.set_postfix(loss=f"{last['loss']:.4f}", acc=f"{last['boundary_acc']:.3f}")
-        save_progress(step, cfg, scorer, opt, sched, engine, ckpt, rank)
+        save_progress(step, plan, scorer, opt, sched, engine, ckpt, rank)
     metrics = {"train_loss": round(last.get("loss", float("nan")), 5),
                "train_boundary_acc": round(last.get("boundary_acc", float("nan")), 4), "steps": cfg.steps,
                "train_seconds_this_run": round(time.time() - t0, 1)}
