@@ -80,10 +80,11 @@ def test_grpo_runs_checkpoints_and_resumes(tiny_model_dir, tmp_path):
     assert any(not torch.equal(a, b) for a, b in zip(sft_bank.state_dict().values(), bank.state_dict().values()))
     with pytest.raises(ValueError, match="--resume"):
         train_grpo(r, tdir, tmp_path / "sft", tmp_path / "grpo", progress=False, log=lambda *_: None)
-    # a run killed right after its step-2 checkpoint and resumed ends with the same weights
-    import foresight.grpo as grpo_mod
+    # a run killed right after its step-2 checkpoint (written by the stages' shared save_progress) and resumed
+    # ends with the same weights
+    import foresight.sft as sft_mod
 
-    with killed_after_checkpoint(grpo_mod):
+    with killed_after_checkpoint(sft_mod):
         train_grpo(r, tdir, tmp_path / "sft", tmp_path / "grpo2", progress=False, log=lambda *_: None)
     assert torch.load(tmp_path / "grpo2" / "ckpt" / "state.pt", weights_only=False)["step"] == 2
     resumed, _ = train_grpo(r, tdir, tmp_path / "sft", tmp_path / "grpo2", resume=True, progress=False,
