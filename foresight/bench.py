@@ -8,7 +8,7 @@
 * golden labels (blockwise future attention) versus one dense forward pass;
 * generation tokens/s, cache bytes and peak RSS at 1k, 4k, 8k new tokens: full cache versus B=512, L=128
   (each configuration in its own process, so peak RSS is its own);
-* scorer overhead: the share of decode time spent scoring with learned scorers (paper: 2.7%).
+* scorer overhead: the share of decode time spent scoring with learned scorers (paper: 2.7%), in its own process.
 
 Writes ``bench.json`` and prints a table.
 """
@@ -199,10 +199,10 @@ def main(argv=None):
     torch.set_num_threads(_threads())
     if a.quick:
         res = {"rollout": bench_rollout((1024, 2048)), "generation": bench_generation((256,)),
-               "scorer_overhead": bench_scorer_overhead(512)}
+               "scorer_overhead": _child("bench_scorer_overhead(512)")}
     else:
         res = {"rollout": bench_rollout(runs=3), "generation": bench_generation(),
-               "scorer_overhead": bench_scorer_overhead(),
+               "scorer_overhead": _child("bench_scorer_overhead()"),
                "rollout_policies": [r for p in ("learned", "streamingllm")
                                     for r in bench_rollout((16384,), policy=p, golden=False, runs=3)],
                # GRPO's setting: a group of 8 trajectories of one trace as one batch, against a dense pass over 8 rows
