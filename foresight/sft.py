@@ -355,7 +355,7 @@ def _deepspeed_engine(bank, opt, sched, ds_cfg, plan: TrainPlan):
     if zero.get("stage") == 3:
         # ZeRO-3 gathers a partitioned parameter at every forward call, a collective; the scorers run once per
         # eviction step of each process's own traces, whose counts differ between processes (a hang). Scorer banks
-        # are small (1.3 M values for Qwen3-4B), so they stay whole on every rank; ZeRO-3 still partitions the
+        # are small (1.5 M values for Qwen3-4B), so they stay whole on every rank; ZeRO-3 still partitions the
         # gradients and the optimiser state.
         n = sum(p.numel() for p in bank.parameters())
         conf["zero_optimization"] = {**zero, "stage3_param_persistence_threshold": max(
