@@ -8,7 +8,7 @@ from foresight.features import STAT_NAMES
 from foresight.generate import generate
 from foresight.policies import make_policy
 from foresight.policies.base import Policy
-from foresight.rollout import rollout
+from foresight.rollout import loss_and_entropy, rollout
 
 
 def feed_chunks(model, cache, ids):
@@ -28,6 +28,11 @@ def test_no_eviction_equals_plain_model(make):
         ref = m(ids).logits
         got = feed_chunks(m, BoundedCache(m.config, make_policy("h2o"), budget=64, interval=16), ids)
     assert torch.allclose(ref, got, atol=1e-5)
+    # the drivers' forwards (a placeholder 4-D mask instead of transformers' causal mask), explicit and fused attention
+    nll, _ = loss_and_entropy(ref[:, :-1], ids[:, 1:])
+    for name in ("h2o", "streamingllm"):
+        r = rollout(m, ids, make_policy(name), budget=64, interval=16)
+        assert torch.allclose(r.token_loss[:, 1:], nll, atol=1e-4), name
 
 
 def test_rollout_equals_token_by_token_generation_under_eviction(qwen3):
@@ -156,6 +161,8 @@ def test_wrong_attention_implementation_is_caught():
     m(input_ids=torch.randint(8, 170, (1, 4)), cache=c, use_cache=True)
     with pytest.raises(RuntimeError, match="attn_implementation='foresight'"):
         m(input_ids=torch.randint(8, 170, (1, 4)), cache=c, use_cache=True)
+    with pytest.raises(ValueError, match="'sdpa', not 'foresight'"):  # the drivers say so before any forward
+        rollout(m, torch.randint(8, 170, (1, 40)), make_policy("h2o"), budget=16, interval=4)
 
 
 def test_dynamic_cache_path_unchanged(qwen3):
