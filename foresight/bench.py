@@ -92,8 +92,8 @@ def _rollout_child(S: int, B: int, L: int, batch: int, policy: str, golden: bool
 
 
 def _child(call: str, echo: bool = True) -> dict:
-    """Run ``foresight.bench.<call>`` in a fresh process (each row gets its own heap and peak RSS: a row measured
-    after another one's large allocations ran up to 40% slower) and return the JSON row it prints last."""
+    """Run ``foresight.bench.<call>`` in a fresh process (each row gets its own heap and peak RSS; rows measured late
+    in one long process were up to 40% slower in some runs) and return the JSON row it prints last."""
     code = f"import sys; sys.argv=['x']; import foresight.bench as b; b.{call}"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if res.returncode != 0:
