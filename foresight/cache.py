@@ -459,7 +459,7 @@ class BoundedCache(Cache):
             if m is None:
                 if len(self._block_masks) > 16:
                     self._block_masks.clear()
-                m = torch.zeros(q, n, device=self.keys.device)
+                m = torch.zeros(q, n, device=self.keys.device, dtype=self.keys.dtype)  # the query's dtype (GPU kernels)
                 m[:, n - q:] -= self._causal(q, m.device)
                 self._block_masks[(q, n)] = m
             return m
