@@ -51,22 +51,11 @@ def _dense_pooled_attention(module, query, key, value, scaling, pooler):
     g = hq // h
     scale = scaling if scaling is not None else d ** -0.5
     scores = torch.matmul((query * scale).reshape(b, h, g * q, d), key.transpose(-1, -2)).float().view(b, h, g, q, k)
-    scores[..., k - q:].sub_(_upper_inf(q, query.device))
+    scores[..., k - q:].sub_(cache_mod.causal_block(q, query.device))
     probs = scores.softmax(-1)
     pooler.add(module.layer_idx, probs.view(b, hq, q, k))
     out = torch.matmul(probs.to(value.dtype).view(b, h, g * q, k), value)
     return out.view(b, hq, q, d).transpose(1, 2)
-
-
-_UPPER_INF: dict = {}
-
-
-def _upper_inf(q: int, device) -> torch.Tensor:
-    """[q, q]: +inf above the diagonal (query i must not see the block's later keys), 0 elsewhere; cached."""
-    m = _UPPER_INF.get((q, device))
-    if m is None:
-        m = _UPPER_INF[(q, device)] = torch.full((q, q), float("inf"), device=device).triu(1)
-    return m
 
 
 @contextlib.contextmanager

@@ -45,6 +45,19 @@ _ALL_ACCUMULATIONS = frozenset({"sum", "max", "min", "window"})
 _PROB_ACCUMULATIONS = frozenset({"sum", "max", "min"})  # those that need each chunk's attention probabilities
 
 
+_CAUSAL_BLOCKS: dict = {}
+
+
+def causal_block(q: int, device) -> torch.Tensor:
+    """[q, q] additive causal mask of the newest block of q queries over its own q keys: 0 where query i sees key j
+    (j <= i), +inf above the diagonal (subtracted from scores, added to probabilities before a min); cached per
+    (size, device). Shared by the cache's attention and the golden pass (foresight.attention)."""
+    m = _CAUSAL_BLOCKS.get((q, device))
+    if m is None:
+        m = _CAUSAL_BLOCKS[(q, device)] = torch.full((q, q), float("inf"), device=device).triu(1)
+    return m
+
+
 def accumulations(reads) -> frozenset:
     """What the cache must accumulate for a policy reading the statistics ``reads`` (None: all of them)."""
     if reads is None:
@@ -216,7 +229,6 @@ class BoundedCache(Cache):
         self.keys = None
         self._pending_valid = None
         self._pad_seen = False  # some fed token was padding (then attention masks are built in full)
-        self._causal_masks: dict[int, torch.Tensor] = {}
         self._block_masks: dict[tuple, torch.Tensor] = {}
         self._chunk = None  # (n_old, q, valid[b, q]) of the forward in progress
         self.peak_slots = 0
@@ -460,7 +472,7 @@ class BoundedCache(Cache):
                 if len(self._block_masks) > 16:
                     self._block_masks.clear()
                 m = torch.zeros(q, n, device=self.keys.device, dtype=self.keys.dtype)  # the query's dtype (GPU kernels)
-                m[:, n - q:] -= self._causal(q, m.device)
+                m[:, n - q:] -= causal_block(q, m.device)
                 self._block_masks[(q, n)] = m
             return m
         ktok = self.token[layer_idx, :, :, :n]
@@ -476,14 +488,14 @@ class BoundedCache(Cache):
         ``own``: a padding query sees its own slot (chunks; its output is never used).
 
         Returns the probabilities and the mask of keys a query could not see: ``None`` when no padding was ever fed
-        (then the hidden keys are exactly the upper triangle of the newest block, see :meth:`_causal`)."""
+        (then the hidden keys are exactly the upper triangle of the newest block, see :func:`causal_block`)."""
         b, hq, q, d = query.shape
         h, g = self.kv_heads, self.group
         K = self.keys[layer_idx, :, :, :n]
         # the scale goes on the [q, d] queries, not on the [q, n] scores: one small multiply instead of a large one
         scores = torch.matmul((query * scaling).reshape(b, h, g * q, d), K.transpose(-1, -2)).float().view(b, h, g, q, n)
         if not self._pad_seen:
-            scores[..., n - q:].sub_(self._causal(q, query.device))  # additive mask: cheaper than masked_fill
+            scores[..., n - q:].sub_(causal_block(q, query.device))  # additive mask: cheaper than masked_fill
             return torch.softmax(scores, -1), None
         ktok = self.token[layer_idx, :, :, :n]
         vis = (ktok[:, :, None, None, :] <= qtok[None, None, None, :, None]) & (ktok >= 0)[:, :, None, None, :]
@@ -492,14 +504,6 @@ class BoundedCache(Cache):
         hidden = ~vis
         probs = torch.softmax(scores.masked_fill_(hidden, float("-inf")), -1)
         return probs if own else probs.nan_to_num_(0.0), hidden
-
-    def _causal(self, q: int, device) -> torch.Tensor:
-        """[q, q] additive causal mask of the newest block: 0 where query i sees slot j (j <= i), +inf above the
-        diagonal (subtracted from scores, added to probabilities before a min), cached per size."""
-        m = self._causal_masks.get(q)
-        if m is None:
-            m = self._causal_masks[q] = torch.full((q, q), float("inf"), device=device).triu(1)
-        return m
 
     @torch.no_grad()
     def _accumulate(self, layer_idx: int, probs, hidden, valid):
@@ -512,7 +516,7 @@ class BoundedCache(Cache):
             w, old = probs, n - q
             if "min" in need:
                 torch.minimum(st_min[..., :old], probs[..., :old].amin(3), out=st_min[..., :old])
-                lo = (probs[..., old:] + self._causal(q, probs.device)).amin(3)  # +inf on keys not yet seen
+                lo = (probs[..., old:] + causal_block(q, probs.device)).amin(3)  # +inf on keys not yet seen
                 torch.minimum(st_min[..., old:n], lo, out=st_min[..., old:n])
         else:
             qv = valid[:, None, None, :, None]
@@ -576,7 +580,7 @@ class BoundedCache(Cache):
         if not self._pad_seen and n >= W and torch.equal(newest, self.rq_token.expand_as(newest)):
             # the W queries are the tokens of the newest W slots (no padding): only that [W, W] block is causal,
             # and query i sees the n - W + i + 1 keys up to itself
-            scores[..., n - W:].sub_(self._causal(W, scores.device))
+            scores[..., n - W:].sub_(causal_block(W, scores.device))
             probs = scores.softmax(-1)
             visible = torch.arange(n - W + 1, n + 1, device=scores.device, dtype=torch.float32)[:, None]
             hits = probs >= 1.0 / visible  # a hidden key has probability 0: never a hit
