@@ -475,11 +475,19 @@ class BoundedCache(Cache):
                 m[:, n - q:] -= causal_block(q, m.device)
                 self._block_masks[(q, n)] = m
             return m
+        qtok = torch.arange(self.seen, self.seen + q, device=self.token.device)
+        return self._visible(layer_idx, n, qtok, own=True).repeat_interleave(self.group, dim=1)
+
+    def _visible(self, layer_idx: int, n: int, qtok, own: bool) -> torch.Tensor:
+        """[b, h, q, n]: which of the first n slots each query (tokens ``qtok``, held by the last q slots) may see:
+        real keys up to its own token. ``own``: a padding query also sees its own slot (chunks: its output is never
+        used, but its softmax must not be empty)."""
         ktok = self.token[layer_idx, :, :, :n]
-        qtok = torch.arange(self.seen, self.seen + q, device=ktok.device)
         vis = (ktok[:, :, None, :] <= qtok[None, None, :, None]) & (ktok >= 0)[:, :, None, :]
-        own = torch.arange(n, device=ktok.device)[None, :] == (n - q + torch.arange(q, device=ktok.device))[:, None]
-        return (vis | own).repeat_interleave(self.group, dim=1)
+        if own:
+            q = qtok.shape[0]
+            vis = vis | (torch.arange(n, device=ktok.device)[None, :] == (n - q + torch.arange(q, device=ktok.device))[:, None])
+        return vis
 
     def _probs(self, layer_idx: int, query, n: int, qtok, own: bool, scaling: float):
         """Post-softmax attention [b, h, g, q, n] of ``query`` [b, Hq, q, d] (tokens ``qtok``) to the first n slots,
@@ -497,11 +505,7 @@ class BoundedCache(Cache):
         if not self._pad_seen:
             scores[..., n - q:].sub_(causal_block(q, query.device))  # additive mask: cheaper than masked_fill
             return torch.softmax(scores, -1), None
-        ktok = self.token[layer_idx, :, :, :n]
-        vis = (ktok[:, :, None, None, :] <= qtok[None, None, None, :, None]) & (ktok >= 0)[:, :, None, None, :]
-        if own:
-            vis = vis | (torch.arange(n, device=query.device)[None, :] == (n - q + torch.arange(q, device=query.device))[:, None])
-        hidden = ~vis
+        hidden = ~self._visible(layer_idx, n, qtok, own)[:, :, None]  # [b, h, 1, q, n]: the same for the group
         probs = torch.softmax(scores.masked_fill_(hidden, float("-inf")), -1)
         return probs if own else probs.nan_to_num_(0.0), hidden
 
