@@ -5,34 +5,37 @@ Registered through transformers' public registries: ``AttentionInterface`` for t
 for an attention name it does not know, so without it a model running our attention without our cache would
 silently lose causality (tested in tests/test_attention.py).
 
-When the keys handed to the attention come from a :class:`~foresight.cache.BoundedCache` (the cache marks the
-tensor it returned from ``update``), the cache computes the attention itself (per-head kept sets, causality by
-token index, padding) and accumulates the statistics of :mod:`foresight.features`. Otherwise the call is plain
-SDPA with transformers' mask, so the same model also runs with a normal ``DynamicCache`` or no cache.
+When the keys handed to the attention come from a :class:`~foresight.cache.BoundedCache`
+(:func:`~foresight.cache.claim_attention` recognises the tensor the cache returned from ``update``), the cache
+computes the attention itself (per-head kept sets, causality by token index, padding) and accumulates the statistics
+of :mod:`foresight.features`. Otherwise the call is plain SDPA with transformers' mask, so the same model also runs
+with a normal ``DynamicCache`` or no cache.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from foresight import cache as cache_mod
+from foresight.cache import claim_attention
+from foresight.slot_attention import causal_block
 
 NAME = "foresight"
+_pooling = threading.local()  # the pooler of an active ``pooling`` block
 
 
 def foresight_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    state = getattr(cache_mod._active, "state", None)
-    if state is not None and state[2] is key:
-        cache, layer_idx, _ = state
-        cache_mod._active.state = None
+    claimed = claim_attention(key)
+    if claimed is not None:
+        cache, layer_idx = claimed
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         return cache.attend(layer_idx, query, scale), None
-    pooler = getattr(cache_mod._active, "pooler", None)
+    pooler = getattr(_pooling, "pooler", None)
     if pooler is not None and hasattr(pooler, "attend"):  # a tap that computes the attention itself (KVpop target)
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         return pooler.attend(module.layer_idx, query, key, value, scale), None
@@ -51,7 +54,7 @@ def _dense_pooled_attention(module, query, key, value, scaling, pooler):
     g = hq // h
     scale = scaling if scaling is not None else d ** -0.5
     scores = torch.matmul((query * scale).reshape(b, h, g * q, d), key.transpose(-1, -2)).float().view(b, h, g, q, k)
-    scores[..., k - q:].sub_(cache_mod.causal_block(q, query.device))
+    scores[..., k - q:].sub_(causal_block(q, query.device))
     probs = scores.softmax(-1)
     pooler.add(module.layer_idx, probs.view(b, hq, q, k))
     out = torch.matmul(probs.to(value.dtype).view(b, h, g * q, k), value)
@@ -63,11 +66,11 @@ def pooling(pooler):
     """Within this block, attention calls without a BoundedCache feed their probabilities to ``pooler`` (a golden
     :class:`~foresight.golden.BlockPooler`), or are computed by it when it has an ``attend`` method (KVpop's
     :class:`~foresight.kvpop.target.TargetTap`)."""
-    cache_mod._active.pooler = pooler
+    _pooling.pooler = pooler
     try:
         yield pooler
     finally:
-        cache_mod._active.pooler = None
+        _pooling.pooler = None
 
 
 AttentionInterface.register(NAME, foresight_attention)

@@ -33,6 +33,8 @@ with no statistics at all. A policy that declares nothing gets everything, and s
 
 from __future__ import annotations
 
+import torch
+
 STAT_NAMES = ("max", "min", "sum", "w8", "w16", "w32", "cum", "decay")
 WINDOWS = (1, 8, 16, 32)
 VIEW_STATS = frozenset(STAT_NAMES) | {"w1", "pivot32"}  # every name an EvictionView's stats can hold
@@ -50,3 +52,9 @@ def feature_dim(head_dim: int, group: int, features=("key", "value", "attn")) ->
     if "attn" in features:
         d += len(STAT_NAMES) * group
     return d
+
+
+def stat_vector(stats) -> torch.Tensor:
+    """The scorer's attention input: statistics ``{name: [..., g, n]}`` -> ``[..., n, 8*g]`` in STAT_NAMES order,
+    query heads innermost (the same layout in training, in the cache and in the kvpress adapter)."""
+    return torch.stack([stats[k] for k in STAT_NAMES], dim=-1).movedim(-3, -1).flatten(-2)

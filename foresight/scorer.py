@@ -64,7 +64,7 @@ class ScorerBank(nn.Module):
         self.w2 = nn.Parameter(torch.randn(num_layers, kv_heads, hidden, generator=g) / math.sqrt(hidden))
 
     def inputs(self, view) -> torch.Tensor:
-        """Detached fp32 scorer inputs [nl, b, h, n, D_in] from an :class:`~foresight.cache.EvictionView`."""
+        """Detached fp32 scorer inputs [nl, b, h, n, D_in] from an :class:`~foresight.view.EvictionView`."""
         parts = []
         if "key" in self.features:
             parts.append(view.keys.detach().float())

@@ -243,7 +243,7 @@ def test_fast_causal_path_equals_fully_masked_path(B, L):
     for full_mask in (False, True):
         views = []
         c = BoundedCache(m.config, make_policy("h2o"), budget=B, interval=L, recorder=lambda s: views.append(s["view"]))
-        c._pad_seen = full_mask
+        c.padded = full_mask
         with torch.no_grad():
             feed_chunks(m, c, ids[:, :cut])
             for t in range(cut, S):
@@ -312,7 +312,7 @@ def test_a_policy_gets_what_it_declares_and_skipping_the_rest_changes_nothing(na
     declared, everything = caches[0].view().stats, caches[1].view().stats
     assert set(everything) >= {"max", "sum", "cum", "decay"}
     if name == "streamingllm":
-        assert caches[0].needs == frozenset() and caches[0].n_pq == 0  # no decoding query kept for statistics
+        assert caches[0].needs == frozenset() and caches[0].stats.n_pending == 0  # no decoding query kept for statistics
     if name == "h2o":
         assert torch.allclose(declared["cum"], everything["cum"], atol=1e-6)
     if name != "h2o":

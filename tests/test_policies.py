@@ -2,7 +2,7 @@
 
 import torch
 
-from foresight.cache import EvictionView
+from foresight.view import EvictionView
 from foresight.features import STAT_NAMES
 from foresight.policies import make_policy
 from foresight.selection import select_topk

@@ -187,7 +187,7 @@ class KVpopMLSTM(_KVpopScorer):
         self._observe_part(cache, layer, n_old, 0, count)
 
     def _observe_part(self, cache, layer: int, n_old: int, c0: int, count: int) -> None:
-        valid = cache._chunk[2][:, c0:c0 + count].float()  # [b, count]
+        valid = cache.chunk_valid[:, c0:c0 + count].float()  # [b, count]
         n_old = n_old + c0
         K, V = cache.keys[layer], cache.values[layer]
         x_new = torch.cat([K[:, :, n_old:n_old + count], V[:, :, n_old:n_old + count]], -1)

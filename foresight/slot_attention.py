@@ -1,0 +1,85 @@
+"""Attention over a bounded cache's slots, causal by token index.
+
+A slot holds the token index of its pair (``-1`` for padding and empty slots); query ``t`` may see a key of token
+``j`` iff ``0 <= j <= t``. The queries of a forward are the tokens of the last ``q`` slots, so every older slot is
+visible to all of them and, when no padding was ever fed, only the newest ``[q, q]`` block is causal
+(:func:`causal_block`). With padding, visibility is built in full from the token indices (:func:`visible`).
+Shapes: ``b`` batch, ``h`` KV heads, ``g`` query heads per KV head, ``q`` queries, ``n`` slots, ``d`` head dim.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_CAUSAL_BLOCKS: dict = {}
+
+
+def causal_block(q: int, device) -> torch.Tensor:
+    """[q, q] additive causal mask of the newest block of q queries over its own q keys: 0 where query i sees key j
+    (j <= i), +inf above the diagonal (subtracted from scores, added to probabilities before a min); cached per
+    (size, device). Shared by the cache's attention and the golden pass."""
+    m = _CAUSAL_BLOCKS.get((q, device))
+    if m is None:
+        m = _CAUSAL_BLOCKS[(q, device)] = torch.full((q, q), float("inf"), device=device).triu(1)
+    return m
+
+
+def visible(ktok: torch.Tensor, qtok: torch.Tensor, own: bool) -> torch.Tensor:
+    """[b, h, q, n]: which slots (token indices ``ktok`` [b, h, n]) each query (tokens ``qtok`` [q], held by the
+    last q slots) may see: real keys up to its own token. ``own``: a padding query also sees its own slot (chunks:
+    its output is never used, but its softmax must not be empty)."""
+    n = ktok.shape[-1]
+    vis = (ktok[:, :, None, :] <= qtok[None, None, :, None]) & (ktok >= 0)[:, :, None, :]
+    if own:
+        q = qtok.shape[0]
+        vis = vis | (torch.arange(n, device=ktok.device)[None, :] == (n - q + torch.arange(q, device=ktok.device))[:, None])
+    return vis
+
+
+def probabilities(query: torch.Tensor, keys: torch.Tensor, ktok: torch.Tensor, qtok: torch.Tensor, padded: bool,
+                  own: bool, scaling: float):
+    """Post-softmax attention [b, h, g, q, n] (fp32) of ``query`` [b, Hq, q, d] (tokens ``qtok``) to the slots
+    ``keys`` [b, h, n, d] (tokens ``ktok`` [b, h, n]).
+
+    Returns the probabilities and the mask of keys a query could not see: ``None`` when ``padded`` is False (then
+    the hidden keys are exactly the upper triangle of the newest block, see :func:`causal_block`)."""
+    b, hq, q, d = query.shape
+    h, n = keys.shape[1], keys.shape[2]
+    g = hq // h
+    # the scale goes on the [q, d] queries, not on the [q, n] scores: one small multiply instead of a large one
+    scores = torch.matmul((query * scaling).reshape(b, h, g * q, d), keys.transpose(-1, -2)).float().view(b, h, g, q, n)
+    if not padded:
+        scores[..., n - q:].sub_(causal_block(q, query.device))  # additive mask: cheaper than masked_fill
+        return torch.softmax(scores, -1), None
+    hidden = ~visible(ktok, qtok, own)[:, :, None]  # [b, h, 1, q, n]: the same for the group
+    probs = torch.softmax(scores.masked_fill_(hidden, float("-inf")), -1)
+    return probs if own else probs.nan_to_num_(0.0), hidden
+
+
+class FusedMasks:
+    """Masks for fused SDPA over the slots: additive [q, n] in the keys' dtype without padding (cached per size),
+    else boolean [b, Hq, q, n] by token index (a padding query sees its own slot)."""
+
+    def __init__(self):
+        self._additive: dict[tuple, torch.Tensor] = {}
+
+    def chunk(self, ktok: torch.Tensor, qtok: torch.Tensor, padded: bool, group: int, dtype) -> torch.Tensor:
+        q, n = qtok.shape[0], ktok.shape[-1]
+        if not padded:
+            m = self._additive.get((q, n))
+            if m is None:
+                if len(self._additive) > 16:
+                    self._additive.clear()
+                m = torch.zeros(q, n, device=ktok.device, dtype=dtype)  # the query's dtype (GPU kernels)
+                m[:, n - q:] -= causal_block(q, m.device)
+                self._additive[(q, n)] = m
+            return m
+        return visible(ktok, qtok, own=True).repeat_interleave(group, dim=1)
+
+    @staticmethod
+    def decoding(ktok: torch.Tensor, group: int) -> torch.Tensor:
+        """[b, Hq, 1, n] for one decoding query in the last slot: every real key; a padding query sees itself only
+        (its output is never used)."""
+        vis = ktok >= 0
+        vis[:, :, -1] = True
+        return vis.repeat_interleave(group, dim=1)[:, :, None, :]

@@ -1,0 +1,204 @@
+"""Accumulating the attention statistics of :mod:`foresight.features` for a bounded cache's slots.
+
+:class:`SlotStatistics` holds, beside the cache's slots, one buffer of the five per-slot statistics (block sum, max,
+min, the running ``cum`` and ``decay``; per query head), the newest ``features.QUERY_WINDOW`` queries (the window
+sums are recomputed from them when a policy asks) and the decoding queries whose statistics are deferred to the next
+eviction (replayed in one batched pass: between evictions the slots only grow and causality is by token index, so
+the replay sees exactly the keys each query saw). It accumulates only what the policy reads (:func:`accumulations`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from foresight import features
+from foresight.slot_attention import causal_block, probabilities
+
+STAT_ORDER = ("sum", "max", "cum", "decay", "min")  # the per-slot statistics buffer (min last: it starts at +inf)
+_CUM, _MIN = STAT_ORDER.index("cum"), STAT_ORDER.index("min")
+# what is accumulated for each statistic a policy reads: block sums, maxima, minima, or the kept queries
+_ACCUMULATION = {"sum": "sum", "cum": "sum", "decay": "sum", "max": "max", "min": "min"}  # else "window"
+ALL_ACCUMULATIONS = frozenset({"sum", "max", "min", "window"})
+PROB_ACCUMULATIONS = frozenset({"sum", "max", "min"})  # those that need each chunk's attention probabilities
+WINDOW_KEYS = frozenset({f"w{w}" for w in features.WINDOWS} | {"pivot32"})
+
+
+def accumulations(reads) -> frozenset:
+    """What must be accumulated for a policy reading the statistics ``reads`` (None: all of them)."""
+    if reads is None:
+        return ALL_ACCUMULATIONS
+    unknown = set(reads) - features.VIEW_STATS
+    if unknown:
+        raise ValueError(f"unknown attention statistics {sorted(unknown)}; known: {sorted(features.VIEW_STATS)}")
+    return frozenset(_ACCUMULATION.get(r, "window") for r in reads)
+
+
+class SlotStatistics:
+    """The statistics of every slot ``[nl, b, h, g, capacity]`` plus the kept and the deferred queries.
+
+    ``needs``: what is accumulated (see :func:`accumulations`). ``pending``: how many decoding queries can wait."""
+
+    def __init__(self, needs: frozenset, num_layers: int, batch: int, kv_heads: int, q_heads: int, head_dim: int,
+                 capacity: int, pending: int, device, dtype):
+        nl, b, h, d = num_layers, batch, kv_heads, head_dim
+        self.needs, self.num_layers = needs, num_layers
+        self.buf = torch.zeros(len(STAT_ORDER), nl, b, h, q_heads // h, capacity, device=device, dtype=torch.float32)
+        self.buf[_MIN] = float("inf")
+        self._bind()
+        W = features.QUERY_WINDOW
+        self.recent_q = torch.zeros(nl, b, q_heads, W, d, device=device, dtype=dtype)  # the last W queries
+        self.recent_token = torch.full((W,), -1, device=device, dtype=torch.long)
+        self.recent_valid = torch.zeros(b, W, device=device, dtype=torch.bool)
+        self.pending_q = torch.zeros(nl, b, q_heads, pending, d, device=device, dtype=dtype)
+        self.pending_token = torch.full((pending,), -1, device=device, dtype=torch.long)
+        self.pending_valid = torch.zeros(b, pending, device=device, dtype=torch.bool)
+        self.n_pending = 0
+
+    def _bind(self):
+        """Name the views of the shared buffer (``sum``, ``max``, ``cum``, ``decay``, ``min``)."""
+        self.sum, self.max, self.cum, self.decay, self.min = (self.buf[i] for i in range(len(STAT_ORDER)))
+
+    # ------------------------------------------------------------------------------------------- slots
+    def grow(self, extra: int) -> None:
+        """``extra`` more (clean) slots."""
+        cap = self.buf.shape[-1]
+        shape = list(self.buf.shape)
+        shape[-1] = extra
+        buf = torch.cat([self.buf, torch.zeros(shape, dtype=self.buf.dtype, device=self.buf.device)], dim=-1)
+        buf[_MIN, ..., cap:] = float("inf")
+        self.buf = buf
+        self._bind()
+
+    def gather(self, order: torch.Tensor, n: int) -> None:
+        """Keep the slots ``order`` ([nl, b, h, k], ascending) of the first n; slots k..n become clean."""
+        nl, b, h, k = order.shape
+        idx = order[None, :, :, :, None].expand(len(STAT_ORDER), nl, b, h, self.buf.shape[4], k)
+        self.buf[..., :k] = self.buf[..., :n].gather(5, idx)
+        self.buf[:_MIN, ..., k:n] = 0
+        self.buf[_MIN, ..., k:n] = float("inf")
+
+    def reset_block(self, sl: slice) -> None:
+        """A new block starts: sum, max and min restart; cum and decay carry over."""
+        self.buf[:_CUM, ..., sl] = 0
+        self.buf[_MIN, ..., sl] = float("inf")
+
+    def end_block(self, n: int) -> None:
+        """At an eviction: ``decay ← DECAY · decay + sum`` over the first n slots."""
+        if "sum" in self.needs:
+            self.decay[..., :n].mul_(features.DECAY).add_(self.sum[..., :n])
+
+    # ------------------------------------------------------------------------------------ accumulation
+    @torch.no_grad()
+    def accumulate(self, layer_idx: int, probs, hidden, valid) -> None:
+        """Add a group of queries' attention ``probs`` [b, h, g, q, n] to the block statistics (those in ``needs``).
+        ``hidden``: the [.., q, n] mask of keys a query could not see (None: only the newest block is causal);
+        ``valid`` [b, q]: real (not padding) queries."""
+        n, q = probs.shape[-1], probs.shape[-2]
+        st_min, st_max = self.min[layer_idx], self.max[layer_idx]
+        need = self.needs
+        if hidden is None:  # no padding: all queries real, only the newest [q, q] block is causal
+            w, old = probs, n - q
+            if "min" in need:
+                torch.minimum(st_min[..., :old], probs[..., :old].amin(3), out=st_min[..., :old])
+                lo = (probs[..., old:] + causal_block(q, probs.device)).amin(3)  # +inf on keys not yet seen
+                torch.minimum(st_min[..., old:n], lo, out=st_min[..., old:n])
+        else:
+            qv = valid[:, None, None, :, None]
+            w = probs * qv
+            if "min" in need:
+                wmin = probs.masked_fill(hidden | ~qv, float("inf")).amin(3)
+                torch.minimum(st_min[..., :n], wmin, out=st_min[..., :n])
+        if "max" in need:
+            torch.maximum(st_max[..., :n], w.amax(3), out=st_max[..., :n])
+        if "sum" in need:
+            wsum = w.sum(3)
+            self.sum[layer_idx, ..., :n] += wsum
+            self.cum[layer_idx, ..., :n] += wsum
+
+    def remember_queries(self, layer_idx: int, query, qtok, valid) -> None:
+        """Keep the latest W queries (the window statistics are recomputed from them at eviction time)."""
+        q = query.shape[2]
+        W = features.QUERY_WINDOW
+        if q >= W:
+            self.recent_q[layer_idx].copy_(query[:, :, q - W:])
+        else:
+            self.recent_q[layer_idx] = torch.cat([self.recent_q[layer_idx], query], dim=2)[:, :, -W:]
+        if layer_idx == self.num_layers - 1:
+            if q >= W:
+                self.recent_token, self.recent_valid = qtok[q - W:], valid[:, q - W:]
+            else:
+                self.recent_token = torch.cat([self.recent_token, qtok])[-W:]
+                self.recent_valid = torch.cat([self.recent_valid, valid], 1)[:, -W:]
+
+    def defer(self, layer_idx: int, query, token: int, valid) -> bool:
+        """Keep a decoding query [b, Hq, 1, d] for a later :meth:`replay`; after the last layer, record its token
+        and validity [b, 1]. Returns whether the pending buffer is full (replay it now)."""
+        self.pending_q[layer_idx, :, :, self.n_pending] = query[:, :, 0]
+        if layer_idx < self.num_layers - 1:
+            return False
+        self.pending_token[self.n_pending] = token
+        self.pending_valid[:, self.n_pending] = valid[:, 0]
+        self.n_pending += 1
+        return self.n_pending == self.pending_q.shape[3]
+
+    @torch.no_grad()
+    def replay(self, keys, token, n: int, padded: bool, scaling: float) -> None:
+        """Replay the deferred decoding queries against the first n slots (``keys`` [nl, b, h, cap, d], ``token``
+        [nl, b, h, cap]): their statistics, as if computed when they ran."""
+        P = self.n_pending
+        if P == 0:
+            return
+        qtok, valid = self.pending_token[:P].clone(), self.pending_valid[:, :P].clone()
+        for layer in range(self.num_layers):
+            query = self.pending_q[layer, :, :, :P]
+            if self.needs & PROB_ACCUMULATIONS:
+                probs, hidden = probabilities(query, keys[layer, :, :, :n], token[layer, :, :, :n], qtok, padded,
+                                              False, scaling)
+                self.accumulate(layer, probs, hidden, valid)
+            if "window" in self.needs:
+                self.remember_queries(layer, query, qtok, valid)
+        self.n_pending = 0
+
+    # ---------------------------------------------------------------------------------------- read-out
+    def window_stats(self, keys, token, n: int, padded: bool, scaling: float) -> dict:
+        """Sums over the last 1/8/16/32 queries and Scissorhands' ``pivot32`` counts, recomputed from the kept
+        queries against the first n slots (see features.py)."""
+        nl, b, hq, W, d = self.recent_q.shape
+        h = keys.shape[2]
+        g = hq // h
+        K = keys[:, :, :, :n]  # [nl,b,h,n,d]
+        rq = (self.recent_q * scaling).view(nl, b, h, g * W, -1)
+        scores = torch.matmul(rq, K.transpose(-1, -2)).float().view(nl, b, h, g, W, n)
+        ktok = token[:, :, :, :n]
+        newest = ktok[..., max(n - W, 0):]
+        if not padded and n >= W and torch.equal(newest, self.recent_token.expand_as(newest)):
+            # the W queries are the tokens of the newest W slots (no padding): only that [W, W] block is causal,
+            # and query i sees the n - W + i + 1 keys up to itself
+            scores[..., n - W:].sub_(causal_block(W, scores.device))
+            probs = scores.softmax(-1)
+            seen = torch.arange(n - W + 1, n + 1, device=scores.device, dtype=torch.float32)[:, None]
+            hits = probs >= 1.0 / seen  # a hidden key has probability 0: never a hit
+        else:
+            vis = (ktok[:, :, :, None, None, :] <= self.recent_token[None, None, None, None, :, None]) & \
+                  (ktok >= 0)[:, :, :, None, None, :]
+            vis = vis & (self.recent_token >= 0)[None, None, None, None, :, None]
+            probs = scores.masked_fill(~vis, float("-inf")).softmax(-1).nan_to_num(0.0)
+            probs = probs * self.recent_valid[None, :, None, None, :, None]
+            seen = vis.sum(-1, keepdim=True).clamp(min=1)
+            hits = (probs >= 1.0 / seen) & vis
+        out = {"pivot32": hits.sum(-2, dtype=torch.float32)}  # Scissorhands' counts
+        for w in features.WINDOWS:
+            out[f"w{w}"] = probs[..., -w:, :].sum(-2)
+        return out
+
+    def min_stat(self, n: int) -> torch.Tensor:
+        return torch.nan_to_num(self.min[..., :n], posinf=0.0)  # 0 for a key no block query saw
+
+    def accumulated(self, n: int) -> dict:
+        """The block statistics of the first n slots that need no further computation."""
+        stats = {}
+        if "max" in self.needs:
+            stats["max"] = self.max[..., :n]
+        if "sum" in self.needs:
+            stats.update(sum=self.sum[..., :n], cum=self.cum[..., :n], decay=self.decay[..., :n])
+        return stats
