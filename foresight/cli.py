@@ -33,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("show-recipe", help="print the resolved recipe (after --set overrides) as YAML")
     _common(p, out_required=False)
 
-    for name, helptext in (("sft", "train scorers on golden eviction (pairwise ranking)"),
+    for name, helptext in (("sft", "train scorers on golden eviction (pairwise ranking); KVpop's scorers with "
+                                   "--set sft.objective=kvpop"),
                            ("grpo", "refine scorers with GRPO")):
         p = sub.add_parser(name, help=helptext)
         _common(p)
@@ -72,11 +73,14 @@ def main(argv: list[str] | None = None) -> int:
             summary = make_traces(recipe, args.out, progress=not args.no_progress)
             print(json.dumps(summary))
             return 0
-        if args.cmd == "sft":
-            from foresight.sft import train_sft
+        if args.cmd == "sft":  # sft.objective picks the stage: ForesightKV's golden ranking or KVpop's boundary loss
+            if recipe.sft.objective == "kvpop":
+                from foresight.kvpop.train import train_kvpop as train
+            else:
+                from foresight.sft import train_sft as train
 
-            train_sft(recipe, args.traces, args.out, resume=args.resume, deepspeed_config=args.deepspeed,
-                      progress=not args.no_progress)
+            train(recipe, args.traces, args.out, resume=args.resume, deepspeed_config=args.deepspeed,
+                  progress=not args.no_progress)
             return 0
         if args.cmd == "grpo":
             from foresight.grpo import train_grpo

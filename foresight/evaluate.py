@@ -29,14 +29,15 @@ from pathlib import Path
 import torch
 
 from foresight import prompts
+from foresight.checkpoint import load_scorer, method_name, policy_from_checkpoint, record_eval
 from foresight.config import parse_budgets
 from foresight.generate import generate
 from foresight.golden import GoldenPolicy, block_pooled_attention
+from foresight.kvpop.target import KVpopOraclePolicy, kvpop_oracle_priorities
 from foresight.models import load_model
 from foresight.policies import make_policy
 from foresight.reward import low_entropy_mask
 from foresight.rollout import rollout
-from foresight.scorer import load_scorer, method_name, policy_from_checkpoint, record_eval
 
 STREAMING_SINKS = 4
 
@@ -123,8 +124,6 @@ def teacher_forced(method: Method, model, grp, B, L, seed, golden_F=None, record
     if method.is_full:
         return grp["loss"], float(grp["ids"].shape[1])
     if method.oracle:
-        from foresight.kvpop.scorers import KVpopOraclePolicy, kvpop_oracle_priorities
-
         if "kvpop_prio" not in grp:
             grp["kvpop_prio"] = kvpop_oracle_priorities(model, grp["ids"], kvpop)
         pol = KVpopOraclePolicy(grp["kvpop_prio"], kvpop.window, kvpop.sinks)

@@ -42,15 +42,15 @@ from pathlib import Path
 import torch
 
 from foresight import distributed
+from foresight.checkpoint import load_scorer
 from foresight.models import load_model
 from foresight.reward import reward as compute_reward
 from foresight.rollout import rollout
-from foresight.scorer import LearnedPolicy, load_scorer
+from foresight.scorer import LearnedPolicy
 from foresight.selection import candidate_window, window_set_logprob
-
-from foresight.sft import finish_run, full_state_dict, optimizer_step, save_progress, setup_training, split_traces, \
-    train_plan
 from foresight.traces import load_traces
+from foresight.training import finish_run, full_state_dict, optimizer_step, progress_bar, save_progress, \
+    setup_training, split_traces, summary_writer, train_plan
 
 
 def window_logits(scores, win, evictable, temperature):
@@ -151,15 +151,9 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
     # per training step and steps the schedule once
     plan = train_plan(g, schedule="constant", batch_traces=g.traces_per_step, grad_clip=1.0, engine_schedules=False)
     opt, sched, ckpt, start, engine = setup_training(bank, plan, out, resume, rank, deepspeed_config, "GRPO", log)
-    writer = None
-    if rank == 0:
-        from torch.utils.tensorboard import SummaryWriter
-
-        writer = SummaryWriter(str(out / "tb"))
+    writer = summary_writer(out, rank)
     first_val = validate(model, bank, ds, val_idx, cc, g) if (val_idx and start == 0) else None
-    from tqdm import tqdm
-
-    bar = tqdm(range(start, g.steps), desc="grpo", disable=not progress or rank != 0, initial=start, total=g.steps)
+    bar = progress_bar(start, g.steps, "grpo", progress, rank)
     t0 = time.time()
     hist = []
     for step in bar:

@@ -1,39 +1,28 @@
-"""The scorer bank: one 2-layer MLP per (layer, KV head), all evaluated in one batched call; and its
-standalone checkpoint.
+"""The scorer bank: one 2-layer MLP per (layer, KV head), all evaluated in one batched call, and the policy that
+evicts by it.
 
 Input per candidate (detached from the LLM): ``[key; value; attention statistics]`` — the key after the k-norm
 and RoPE, the value, and the 8 statistics of :mod:`foresight.features` for each query head of the group.
 Normalisation (the released code creates a LayerNorm and never uses it): statistics are compressed with
 ``log(x + 1e-6)`` (they are probabilities spanning orders of magnitude), then the whole input vector goes
 through a LayerNorm with a learnable affine per (layer, KV head). Output: an eviction score per candidate
-(higher = evict first). Parameters stay fp32 whatever the LLM's dtype.
-
-Checkpoint folder: ``config.json`` (the LLM it belongs to, feature spec, B, L, sinks, stage, metrics) and
-``model.safetensors`` (scorer weights only, never the LLM), plus a model card ``README.md``.
+(higher = evict first). Parameters stay fp32 whatever the LLM's dtype. Its standalone checkpoint (shared with
+KVpop's scorers) is :mod:`foresight.checkpoint`.
 """
 
 from __future__ import annotations
 
-import datetime
-import json
 import math
-import os
-from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
 
 from foresight import features as F
+from foresight.models import describe
 from foresight.policies.base import Policy
 
-FORMAT_VERSION = 1
 ACTIVATIONS = {"gelu": nn.functional.gelu, "relu": nn.functional.relu, "silu": nn.functional.silu,
                "tanh": torch.tanh}
-
-
-class ScorerMismatchError(ValueError):
-    """A scorer checkpoint does not fit the model it is used with."""
 
 
 class ScorerBank(nn.Module):
@@ -114,167 +103,6 @@ class LearnedPolicy(Policy):
 
 def bank_for_model(model, hidden: int = 16, activation: str = "gelu", features=("key", "value", "attn"),
                    seed: int = 0) -> ScorerBank:
-    from foresight.models import describe
-
     d = describe(model)
     return ScorerBank(d["num_layers"], d["num_key_value_heads"], d["head_dim"],
                       d["num_attention_heads"] // d["num_key_value_heads"], hidden, activation, features, seed)
-
-
-# ------------------------------------------------------------------------------------------------ checkpoint
-def save_scorer(bank: ScorerBank, out: Path, model_info: dict, budget: int, interval: int, sinks: int, stage: str,
-                metrics: dict | None = None, extra: dict | None = None) -> Path:
-    """Write the standalone checkpoint into ``out`` (other files there, e.g. a run's logs, are left alone).
-
-    Each file is written aside and renamed into place; the weights go first and ``config.json`` last, so a
-    folder with a config always has matching weights."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    cfg = {
-        "format": "foresight-scorer", "format_version": FORMAT_VERSION, "stage": stage,
-        "llm": model_info, "scorer": bank.spec(), "budget": budget, "interval": interval, "sinks": sinks,
-        "metrics": metrics or {}, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        **(extra or {}),
-    }
-    tmp = out / f"model.safetensors.tmp{os.getpid()}"
-    save_file({k: v.detach().float().contiguous().cpu() for k, v in bank.state_dict().items()}, str(tmp))
-    os.replace(tmp, out / "model.safetensors")
-    for name, text in (("README.md", model_card(cfg)), ("config.json", json.dumps(cfg, indent=1))):
-        tmp = out / f"{name}.tmp{os.getpid()}"
-        tmp.write_text(text)
-        os.replace(tmp, out / name)
-    return out
-
-
-def record_eval(path: Path, rows: list[dict], method: str) -> None:
-    """Store a checkpoint's evaluation rows in its config.json and model card (atomic rewrites)."""
-    path = Path(path)
-    cfg = read_config(path)
-    cfg["eval"] = [r for r in rows if r["method"] == method]
-    for name, text in (("README.md", model_card(cfg)), ("config.json", json.dumps(cfg, indent=1))):
-        tmp = path / f"{name}.tmp{os.getpid()}"
-        tmp.write_text(text)
-        os.replace(tmp, path / name)
-
-
-def read_config(path: Path) -> dict:
-    path = Path(path)
-    f = path / "config.json"
-    if not f.exists():
-        raise FileNotFoundError(f"no scorer checkpoint at {path} (config.json missing)")
-    cfg = json.loads(f.read_text())
-    if cfg.get("format") != "foresight-scorer":
-        raise ScorerMismatchError(f"{f} is not a foresight scorer checkpoint")
-    return cfg
-
-
-def check_compatible(cfg: dict, model) -> None:
-    """Refuse a checkpoint whose LLM shape differs from ``model``'s, naming every mismatch."""
-    from foresight.models import describe
-
-    have = describe(model)
-    want = cfg["llm"]
-    diffs = [f"{k}: checkpoint {want.get(k)} vs model {have[k]}"
-             for k in ("num_layers", "num_attention_heads", "num_key_value_heads", "head_dim") if want.get(k) != have[k]]
-    if diffs:
-        raise ScorerMismatchError(f"scorer checkpoint was trained for another model ({want.get('name_or_path')}): "
-                                  + "; ".join(diffs))
-
-
-def is_kvpop(spec: dict) -> bool:
-    """Whether a checkpoint's ``scorer`` spec holds KVpop scorers (``kind``; ForesightKV banks have none)."""
-    return str(spec.get("kind", "foresight")).startswith("kvpop")
-
-
-def load_scorer(path: Path, model=None, device="cpu") -> tuple[ScorerBank, dict]:
-    """A checkpoint's scorers (a ForesightKV :class:`ScorerBank`, or a KVpop scorer when ``scorer.kind`` says so)
-    and its config; with ``model``, refuse a checkpoint made for another model."""
-    cfg = read_config(path)
-    if model is not None:
-        check_compatible(cfg, model)
-    s = cfg["scorer"]
-    if is_kvpop(s):
-        from foresight.kvpop.scorers import build_from_spec
-
-        bank = build_from_spec(s)
-    else:
-        bank = ScorerBank(s["num_layers"], s["num_key_value_heads"], s["head_dim"], s["group"], s["hidden"],
-                          s["activation"], tuple(s["features"]))
-    state = load_file(str(Path(path) / "model.safetensors"))
-    if "b2" in state and "b2" not in bank.state_dict():
-        state.pop("b2")  # older checkpoints: a per-head output bias, which no eviction decision depends on
-    missing = set(bank.state_dict()) ^ set(state)
-    if missing:
-        raise ScorerMismatchError(f"scorer weights in {path} do not match its config (tensors {sorted(missing)})")
-    bank.load_state_dict(state)
-    return bank.to(device).eval(), cfg
-
-
-def method_name(cfg: dict) -> str:
-    """How evaluations name a checkpoint: ``foresight-<stage>`` (sft, grpo) or the KVpop stage itself."""
-    return cfg["stage"] if is_kvpop(cfg["scorer"]) else f"foresight-{cfg['stage']}"
-
-
-def policy_from_checkpoint(bank, cfg: dict, label: str | None = None) -> Policy:
-    """The eviction policy that runs a loaded checkpoint's scorers inside the cache."""
-    label = label or method_name(cfg)
-    if is_kvpop(cfg["scorer"]):
-        from foresight.kvpop.scorers import KVpopPolicy
-
-        return KVpopPolicy(bank, label)
-    return LearnedPolicy(bank, label)
-
-
-def _eval_table(rows) -> str:
-    if not rows:
-        return "Not evaluated yet: run `foresight eval --scorers <this folder>`."
-    head = "| B:L | prompt kept | loss ratio | accuracy | recall@L |\n|---|---|---|---|---|\n"
-    return head + "".join(f"| {r['budget']}:{r['interval']} | {r['protect_prompt']} | {r['loss_ratio']} | "
-                          f"{r['accuracy']} | {r['recall_at_L']} |\n" for r in rows)
-
-
-def model_card(cfg: dict) -> str:
-    m = cfg.get("metrics") or {}
-    sc = cfg["scorer"]
-    if is_kvpop(sc):
-        title = "KVpop eviction scorers (future-attention target, boundary loss)"
-        layout = (f"KVpop layout: {sc['sinks']} sinks + window {sc['window']} + top-k by priority (decay γ = "
-                  f"{sc['gamma']} every {sc['decay_step']} tokens)")
-        arch = f"{sc['kind']}{' (delayed read-out)' if sc.get('delayed') else ''}, input [key; value]"
-    else:
-        title = "ForesightKV eviction scorers"
-        layout = f"sinks = {cfg['sinks']}"
-        arch = f"MLPs, input {sc['d_in']} ([key; value; attention statistics])"
-    rows = "\n".join(f"| {k} | {v} |" for k, v in m.items()) or "| (none recorded) | |"
-    llm = cfg["llm"]
-    return f"""# {title} ({cfg['stage']})
-
-Learned KV-cache eviction scorers trained with [foresight](https://github.com/) for a frozen LLM.
-
-- **LLM:** `{llm.get('name_or_path')}` ({llm.get('model_type')}, {llm.get('num_layers')} layers,
-  {llm.get('num_attention_heads')} query / {llm.get('num_key_value_heads')} KV heads, head dim {llm.get('head_dim')})
-- **Budget:** B = {cfg['budget']} pairs per (sequence, layer, KV head), eviction every L = {cfg['interval']} tokens,
-  {layout}
-- **Stage:** {cfg['stage']}
-- **Training data:** {cfg.get('training_data', 'see config.json')}
-- **Scorer:** {sc['num_layers']}×{sc['num_key_value_heads']} {arch}, hidden {sc['hidden']},
-  {sc['activation']}
-
-## Metrics
-
-| metric | value |
-|---|---|
-{rows}
-
-## Evaluation (`foresight eval`)
-
-{_eval_table(cfg.get("eval"))}
-
-## Use
-
-```python
-from foresight.integrations.hf import ForesightCache
-cache = ForesightCache.from_pretrained("<this folder>", model, budget={cfg['budget']}, interval={cfg['interval']})
-out = model.generate(input_ids, cache=cache, max_new_tokens=...)
-```
-"""

@@ -74,7 +74,7 @@ def test_grpo_runs_checkpoints_and_resumes(tiny_model_dir, tmp_path):
     assert cfg["stage"] == "grpo" and "val_loss_ratio" in cfg["metrics"] and "sft_val_loss_ratio" in cfg["metrics"]
     assert any((tmp_path / "grpo" / "tb").iterdir())
     # the scorers moved away from the SFT start
-    from foresight.scorer import load_scorer
+    from foresight.checkpoint import load_scorer
 
     sft_bank, _ = load_scorer(tmp_path / "sft")
     assert any(not torch.equal(a, b) for a, b in zip(sft_bank.state_dict().values(), bank.state_dict().values()))
@@ -82,9 +82,9 @@ def test_grpo_runs_checkpoints_and_resumes(tiny_model_dir, tmp_path):
         train_grpo(r, tdir, tmp_path / "sft", tmp_path / "grpo", progress=False, log=lambda *_: None)
     # a run killed right after its step-2 checkpoint (written by the stages' shared save_progress) and resumed
     # ends with the same weights
-    import foresight.sft as sft_mod
+    import foresight.training as training_mod
 
-    with killed_after_checkpoint(sft_mod):
+    with killed_after_checkpoint(training_mod):
         train_grpo(r, tdir, tmp_path / "sft", tmp_path / "grpo2", progress=False, log=lambda *_: None)
     assert torch.load(tmp_path / "grpo2" / "ckpt" / "state.pt", weights_only=False)["step"] == 2
     resumed, _ = train_grpo(r, tdir, tmp_path / "sft", tmp_path / "grpo2", resume=True, progress=False,

@@ -2,10 +2,11 @@ import pytest
 import torch
 
 from conftest import tiny_llama, tiny_qwen3
+from foresight.checkpoint import ScorerMismatchError, save_scorer
 from foresight.generate import generate
 from foresight.integrations.hf import ForesightCache
 from foresight.models import describe
-from foresight.scorer import LearnedPolicy, ScorerMismatchError, bank_for_model, save_scorer
+from foresight.scorer import LearnedPolicy, bank_for_model
 
 
 def checkpoint(model, path):

@@ -149,12 +149,11 @@ def test_generation_with_kvpop_policy_keeps_sinks_window_and_budget(qwen3, kind)
 
 # ------------------------------------------------------------------------------ training, checkpoint, eval
 from foresight import traces  # noqa: E402
+from foresight.checkpoint import load_scorer  # noqa: E402
 from foresight.config import load_recipe  # noqa: E402
 from foresight.evaluate import run_eval  # noqa: E402
 from foresight.integrations.hf import ForesightCache  # noqa: E402
-from foresight.kvpop.train import boundary_loss  # noqa: E402
-from foresight.scorer import load_scorer  # noqa: E402
-from foresight.sft import train_sft  # noqa: E402
+from foresight.kvpop.train import boundary_loss, train_kvpop  # noqa: E402
 
 KSETS = ["task.facts=4", "task.variables=2", "task.filler=0", "task.scratch=0", "traces.num_prompts=6",
          "traces.batch_size=3", "traces.require_correct=false", "traces.min_new_tokens=20", "traces.max_new_tokens=24",
@@ -187,7 +186,7 @@ def test_kvpop_sft_trains_saves_resumes_and_evaluates(tiny_model_dir, tmp_path, 
                                                 f"kvpop.delayed={delayed}"])
     traces.make_traces(r, tmp_path / "tr", progress=False, log=lambda *_: None)
     out = tmp_path / "kv"
-    scorer, metrics = train_sft(r, tmp_path / "tr", out, progress=False, log=lambda *_: None)
+    scorer, metrics = train_kvpop(r, tmp_path / "tr", out, progress=False, log=lambda *_: None)
     stage = "kvpop-mlp" if kind == "mlp" else f"kvpop-mlstm-{'delayed' if delayed else 'immediate'}"
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["stage"] == stage and cfg["scorer"]["kind"] == f"kvpop-{kind}" and cfg["scorer"]["window"] == 4
@@ -196,11 +195,12 @@ def test_kvpop_sft_trains_saves_resumes_and_evaluates(tiny_model_dir, tmp_path, 
     for k, v in scorer.state_dict().items():
         assert torch.equal(v, loaded.state_dict()[k]), k
     if kind == "mlstm" and delayed:  # resume after a kill gives the same weights
-        import foresight.sft as sft_mod
+        import foresight.training as training_mod
 
-        with killed_after_checkpoint(sft_mod):
-            train_sft(r, tmp_path / "tr", tmp_path / "kv2", progress=False, log=lambda *_: None)
-        resumed, _ = train_sft(r, tmp_path / "tr", tmp_path / "kv2", resume=True, progress=False, log=lambda *_: None)
+        with killed_after_checkpoint(training_mod):
+            train_kvpop(r, tmp_path / "tr", tmp_path / "kv2", progress=False, log=lambda *_: None)
+        resumed, _ = train_kvpop(r, tmp_path / "tr", tmp_path / "kv2", resume=True, progress=False,
+                                 log=lambda *_: None)
         for k, v in scorer.state_dict().items():
             assert torch.allclose(v, resumed.state_dict()[k], atol=1e-6), k
     rows = run_eval(r, tmp_path / "ev", methods="full,streamingllm,kvpop-oracle", budgets="20:4", scorers=[out],
@@ -239,7 +239,7 @@ def test_kvpop_deepspeed_two_processes_equal_one_process(tiny_model_dir, tmp_pat
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     w0 = load_file(str(tmp_path / "ds" / "ckpt" / "final-rank0.safetensors"))
     w1 = load_file(str(tmp_path / "ds" / "ckpt" / "final-rank1.safetensors"))
-    single, _ = train_sft(r, tmp_path / "tr", tmp_path / "single", progress=False, log=lambda *_: None)
+    single, _ = train_kvpop(r, tmp_path / "tr", tmp_path / "single", progress=False, log=lambda *_: None)
     for k, v in single.state_dict().items():
         assert torch.equal(w0[k], w1[k]), k
         assert torch.allclose(w0[k], v, atol=1e-5), k

@@ -20,9 +20,10 @@ def test_readme_starts_with_the_two_commands():
 
 
 def test_transformers_snippet_runs(tmp_path, monkeypatch):
+    from foresight.checkpoint import save_scorer
     from foresight.config import ModelConfig
     from foresight.models import describe, load_model
-    from foresight.scorer import bank_for_model, save_scorer
+    from foresight.scorer import bank_for_model
 
     model, _ = load_model(ModelConfig(), device="cpu")
     ck = tmp_path / "runs" / "tiny-qwen3" / "grpo"

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from foresight import traces
+from foresight.checkpoint import load_scorer
 from foresight.config import load_recipe
-from foresight.scorer import ScorerMismatchError, load_scorer
 from foresight.sft import pairwise_hinge, recall_at_l, train_sft
 
 SETS = ["task.facts=4", "task.variables=2", "task.filler=0", "task.scratch=0", "traces.num_prompts=6",
@@ -41,6 +41,16 @@ def test_pairwise_hinge_all_and_sampled_agree_on_a_crafted_row():
     assert recall_at_l(phi, fut, cand, 2).item() == 1.0 and recall_at_l(bad, fut, cand, 2).item() == 0.0
 
 
+def test_sft_leaves_kvpop_to_its_own_stage_and_refuses_unknown_objectives(tmp_path):
+    r = load_recipe("recipes/tiny-qwen3.yaml", ["sft.objective=kvpop"])
+    with pytest.raises(ValueError, match="trained by foresight.kvpop.train.train_kvpop"):
+        train_sft(r, tmp_path / "traces", tmp_path / "out", progress=False, log=lambda *_: None)
+    r = load_recipe("recipes/tiny-qwen3.yaml", ["sft.objective=ranknet"])
+    with pytest.raises(ValueError, match="sft.objective='ranknet' is not available"):
+        train_sft(r, tmp_path / "traces", tmp_path / "out", progress=False, log=lambda *_: None)
+    assert not (tmp_path / "out").exists()
+
+
 def test_sft_trains_saves_and_resumes_exactly(sft_setup, tmp_path):
     r, tdir = sft_setup
     out = tmp_path / "sft"
@@ -55,12 +65,12 @@ def test_sft_trains_saves_and_resumes_exactly(sft_setup, tmp_path):
     # kill after step 3 (the checkpoint at step 3 exists), resume: identical final weights
     out2 = tmp_path / "sft2"
     r3 = load_recipe("recipes/tiny-qwen3.yaml", [f"model.path={r.model.path}", *SETS, "sft.steps=6"])
-    import foresight.sft as sft_mod
+    import foresight.training as training_mod
 
     class Kill(Exception):
         pass
 
-    orig = sft_mod.atomic_save
+    orig = training_mod.atomic_save
     calls = []
 
     def save_then_kill(obj, path):
@@ -68,43 +78,18 @@ def test_sft_trains_saves_and_resumes_exactly(sft_setup, tmp_path):
         calls.append(obj["step"])
         raise Kill()
 
-    sft_mod.atomic_save = save_then_kill
+    training_mod.atomic_save = save_then_kill
     try:
         with pytest.raises(Kill):
             train_sft(r3, tdir, out2, progress=False, log=lambda *_: None)
     finally:
-        sft_mod.atomic_save = orig
+        training_mod.atomic_save = orig
     assert calls == [3]
     with pytest.raises(ValueError, match="--resume"):
         train_sft(r3, tdir, out2, progress=False, log=lambda *_: None)
     resumed, _ = train_sft(r3, tdir, out2, resume=True, progress=False, log=lambda *_: None)
     for k, v in bank.state_dict().items():
         assert torch.allclose(v, resumed.state_dict()[k], atol=1e-6), k
-
-
-def test_scorer_checkpoint_refuses_another_model(sft_setup, tmp_path):
-    from conftest import tiny_qwen3
-
-    r, tdir = sft_setup
-    out = tmp_path / "sft"
-    train_sft(load_recipe("recipes/tiny-qwen3.yaml", [f"model.path={r.model.path}", *SETS, "sft.steps=1"]), tdir, out,
-              progress=False, log=lambda *_: None)
-    other = tiny_qwen3(layers=3)
-    with pytest.raises(ScorerMismatchError, match="num_layers: checkpoint 2 vs model 3"):
-        load_scorer(out, other)
-    with pytest.raises(ScorerMismatchError, match="head_dim: checkpoint 16 vs model 8"):
-        load_scorer(out, tiny_qwen3(head_dim=8))
-    # a checkpoint from before the scorers lost their output bias still loads (a per-head shift decides nothing)
-    from safetensors.torch import load_file, save_file
-
-    bank, _ = load_scorer(out)
-    state = load_file(str(out / "model.safetensors"))
-    save_file({**state, "b2": torch.ones(bank.num_layers, bank.kv_heads)}, str(out / "model.safetensors"))
-    old, _ = load_scorer(out)
-    assert all(torch.equal(a, b) for a, b in zip(bank.state_dict().values(), old.state_dict().values()))
-    save_file({**state, "w9": torch.ones(2)}, str(out / "model.safetensors"))
-    with pytest.raises(ScorerMismatchError, match="w9"):
-        load_scorer(out)
 
 
 @pytest.mark.parametrize("zero", ["zero2", "zero3"])

@@ -21,7 +21,7 @@ import torch
 
 from foresight.attention import use_foresight_attention
 from foresight.cache import BoundedCache
-from foresight.scorer import load_scorer, policy_from_checkpoint
+from foresight.checkpoint import load_scorer, policy_from_checkpoint
 
 
 class ForesightCache(BoundedCache):

@@ -29,7 +29,7 @@ from kvpress.presses.scorer_press import ScorerPress
 from kvpress.utils import compute_n_kept, get_prerope_query_states
 
 from foresight import features as F
-from foresight.scorer import check_compatible, load_scorer
+from foresight.checkpoint import check_compatible, load_scorer, scorer_kind
 
 
 def _rotate_half(x):
@@ -50,7 +50,7 @@ class ForesightPress(ScorerPress):
             if not self.scorer_dir:
                 raise ValueError("ForesightPress needs scorer_dir (a foresight scorer checkpoint)")
             self.bank, self.config = load_scorer(self.scorer_dir, model, device=next(model.parameters()).device)
-            if self.config["scorer"].get("kind", "foresight") != "foresight":
+            if scorer_kind(self.config["scorer"]) != "foresight":
                 raise ValueError(f"{self.scorer_dir} holds {self.config['scorer']['kind']} scorers; ForesightPress "
                                  "runs ForesightKV scorers (use foresight.integrations.hf.ForesightCache for KVpop)")
         else:

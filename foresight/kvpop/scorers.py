@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from foresight.kvpop.topk import static_priority, trace_priority
+from foresight.models import describe
 from foresight.policies.base import Policy
 from foresight.scorer import ScorerBank
 
@@ -231,8 +232,6 @@ def build_from_spec(spec: dict) -> _KVpopScorer:
 
 def scorer_for_model(model, cfg, budget: int, seed: int = 0) -> _KVpopScorer:
     """A fresh scorer for ``model`` from a recipe's ``kvpop`` section (budget B = sinks + window + k)."""
-    from foresight.models import describe
-
     d = describe(model)
     if budget - cfg.sinks - cfg.window <= 0:
         raise ValueError(f"KVpop layout: budget B={budget} leaves no top-k room after sinks={cfg.sinks} and "
@@ -245,34 +244,6 @@ def scorer_for_model(model, cfg, budget: int, seed: int = 0) -> _KVpopScorer:
     if cfg.scorer == "mlstm":
         return KVpopMLSTM(**kw, memory_dim=cfg.memory_dim, delayed=cfg.delayed, block=cfg.block)
     raise ValueError(f"kvpop.scorer must be 'mlp' or 'mlstm', got {cfg.scorer!r}")
-
-
-class KVpopOraclePolicy(Policy):
-    """KVpop's *teacher*: evicts by the true future-attention target's static priority (it needs the future, so
-    teacher-forced evaluation only). ``prio``: [b, nl, h, S], one trace per row (see ``kvpop_oracle_priorities``).
-    Separates the target's quality from the scorers' on a task."""
-
-    reads = frozenset()
-
-    def __init__(self, prio: torch.Tensor, window: int, sinks: int):
-        self.prio, self.layout_window, self.layout_sinks = prio, window, sinks
-
-    def score(self, view):
-        idx = view.token.clamp(min=0).permute(1, 0, 2, 3)  # [b, nl, h, n]
-        vals = self.prio.to(view.token.device).gather(-1, idx).permute(1, 0, 2, 3)
-        return -vals
-
-
-@torch.no_grad()
-def kvpop_oracle_priorities(model, ids: torch.Tensor, kc) -> torch.Tensor:
-    """[b, nl, h, S] static target priorities (with the recipe's decay) of equal-length traces ``ids`` [b, S]."""
-    from foresight.kvpop.target import kvpop_targets
-
-    out = []
-    for row in ids:
-        tgt = kvpop_targets(model, row[None], kc.window, kc.eps, kc.agg, kc.block)["target"]  # [nl, h, S]
-        out.append(trace_priority(tgt, torch.tensor(math.log(kc.gamma)), kc.decay_step))
-    return torch.stack(out)
 
 
 class KVpopPolicy(Policy):

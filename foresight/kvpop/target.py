@@ -14,13 +14,20 @@ output; a *transposed* sweep then visits, for each key block, the query blocks a
 ``Σ_d exp(ℓ(d, t) − LSE_d)`` — the probabilities are recomputed block by block from the stored LSE, so memory
 stays ``O(heads · block²)`` (plus ``O(heads · block · S)`` for the forward sweep). The paper reuses the LSE of
 its sparse student pass as an approximation; with a frozen LLM we use the dense pass's, which is exact.
+
+KVpop's *teacher* evicts by this target: :class:`KVpopOraclePolicy` over :func:`kvpop_oracle_priorities` (the
+target's static priorities with the recipe's decay), ``kvpop-oracle`` in ``foresight eval``.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from foresight import attention as attn_mod
+from foresight.kvpop.topk import trace_priority
+from foresight.policies.base import Policy
 
 
 def _grouped(query: torch.Tensor, h: int) -> torch.Tensor:
@@ -122,3 +129,30 @@ def kvpop_targets(model, input_ids: torch.Tensor, window: int, eps: float = 1e-6
     return {"target": torch.stack([tap.targets[i] for i in range(n)]),
             "keys": torch.stack([tap.keys[i] for i in range(n)]),
             "values": torch.stack([tap.values[i] for i in range(n)])}
+
+
+# ------------------------------------------------------------------------------------------------ the teacher
+class KVpopOraclePolicy(Policy):
+    """KVpop's *teacher*: evicts by the true future-attention target's static priority (it needs the future, so
+    teacher-forced evaluation only). ``prio``: [b, nl, h, S], one trace per row (see ``kvpop_oracle_priorities``).
+    Separates the target's quality from the scorers' on a task."""
+
+    reads = frozenset()
+
+    def __init__(self, prio: torch.Tensor, window: int, sinks: int):
+        self.prio, self.layout_window, self.layout_sinks = prio, window, sinks
+
+    def score(self, view):
+        idx = view.token.clamp(min=0).permute(1, 0, 2, 3)  # [b, nl, h, n]
+        vals = self.prio.to(view.token.device).gather(-1, idx).permute(1, 0, 2, 3)
+        return -vals
+
+
+@torch.no_grad()
+def kvpop_oracle_priorities(model, ids: torch.Tensor, kc) -> torch.Tensor:
+    """[b, nl, h, S] static target priorities (with the recipe's decay) of equal-length traces ``ids`` [b, S]."""
+    out = []
+    for row in ids:
+        tgt = kvpop_targets(model, row[None], kc.window, kc.eps, kc.agg, kc.block)["target"]  # [nl, h, S]
+        out.append(trace_priority(tgt, torch.tensor(math.log(kc.gamma)), kc.decay_step))
+    return torch.stack(out)

@@ -17,7 +17,7 @@ computed under eviction — the same train/inference gap as any scorer trained o
 
 Metrics: loss, boundary accuracy (sign agreement), and on the validation traces the top-k retention recall
 against the teacher's top-k (paper Fig. 7) at every 16th query. Checkpointing, resume, DeepSpeed and the
-standalone checkpoint are shared with ForesightKV's SFT (:mod:`foresight.sft`).
+standalone checkpoint are the plumbing shared with ForesightKV's stages (:mod:`foresight.training`).
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ from foresight import distributed
 from foresight.kvpop.scorers import scorer_for_model
 from foresight.kvpop.target import kvpop_targets
 from foresight.kvpop.topk import boundary_pairs, topk_recall, trace_priority
+from foresight.training import finish_run, full_state_dict, load_stage_inputs, optimizer_step, progress_bar, \
+    save_progress, setup_training, summary_writer, train_plan
 
 
 @torch.no_grad()
@@ -74,9 +76,6 @@ def boundary_loss(p_hat: torch.Tensor, ex: dict, kc, idx: torch.Tensor | None = 
 
 def train_kvpop(recipe, traces_dir, out, resume: bool = False, deepspeed_config=None, progress: bool = True,
                 log=print):
-    from foresight.sft import finish_run, full_state_dict, load_stage_inputs, optimizer_step, save_progress, \
-        setup_training, train_plan
-
     out = Path(out)
     cfg, kc, cc = recipe.sft, recipe.kvpop, recipe.cache
     rank, world = distributed.rank_world()
@@ -97,15 +96,8 @@ def train_kvpop(recipe, traces_dir, out, resume: bool = False, deepspeed_config=
             examples[i] = trace_example(model, ids, kc, k, scorer.log_gamma)
         return examples[i]
 
-    writer = None
-    if rank == 0:
-        from torch.utils.tensorboard import SummaryWriter
-
-        writer = SummaryWriter(str(out / "tb"))
-    from tqdm import tqdm
-
-    bar = tqdm(range(start, cfg.steps), desc=f"kvpop-{kc.scorer}", disable=not progress or rank != 0, initial=start,
-               total=cfg.steps)
+    writer = summary_writer(out, rank)
+    bar = progress_bar(start, cfg.steps, f"kvpop-{kc.scorer}", progress, rank)
     t0 = time.time()
     last = {}
     for step in bar:

@@ -8,8 +8,9 @@ kvpress = pytest.importorskip("kvpress")
 
 from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
+from foresight.checkpoint import save_scorer  # noqa: E402
 from foresight.integrations.kvpress import ForesightPress  # noqa: E402
-from foresight.scorer import ScorerBank, save_scorer  # noqa: E402
+from foresight.scorer import ScorerBank  # noqa: E402
 
 
 def tiny(tmp_path):
@@ -95,7 +96,7 @@ def test_press_refuses_another_model(tmp_path):
 
     other = LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=96, intermediate_size=128, num_hidden_layers=2,
                                          num_attention_heads=6, num_key_value_heads=2))
-    from foresight.scorer import ScorerMismatchError
+    from foresight.checkpoint import ScorerMismatchError
 
     with pytest.raises(ScorerMismatchError):
         ForesightPress(scorer_dir=str(ck)).post_init_from_model(other)

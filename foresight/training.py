@@ -1,0 +1,226 @@
+"""Plumbing shared by the scorer-training stages — ForesightKV's SFT (:mod:`foresight.sft`) and GRPO
+(:mod:`foresight.grpo`), and KVpop's boundary-loss training (:mod:`foresight.kvpop.train`).
+
+* **Inputs** (:func:`load_stage_inputs`): the device, the frozen LLM, the traces and their train/validation split.
+* **Plan** (:class:`TrainPlan`, :func:`train_plan`): what the plumbing reads from a recipe section — optimiser,
+  schedule (linear warm-up, then cosine or constant: :func:`lr_lambda`), checkpoint interval, DeepSpeed.
+* **Setup** (:func:`setup_training`): Adam, the schedule, ``--resume`` from ``OUT/ckpt/state.pt``
+  (:func:`load_checkpoint`; a folder that already holds a run is refused without it) and the DeepSpeed engine.
+* **Steps** (:func:`optimizer_step`, :func:`save_progress`): backward and one optimiser step (through DeepSpeed
+  when it wraps the scorers); the resumable state every ``ckpt_every`` steps and at the end, written atomically
+  (:func:`atomic_save`) by rank 0.
+* **End** (:func:`finish_run`): the standalone scorer checkpoint (:func:`foresight.checkpoint.save_scorer`),
+  ``metrics.json``, and in multi-process runs every rank's final weights.
+* **Logging** (:func:`summary_writer`, :func:`progress_bar`): TensorBoard (``OUT/tb``) and the tqdm bar, on rank 0.
+
+Under ZeRO-3 the scorers stay whole on every rank (see :func:`_deepspeed_engine`); :func:`full_state_dict`
+gathers them all the same, a collective that every rank must call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from foresight import distributed
+from foresight.checkpoint import save_scorer
+from foresight.models import describe, load_model
+from foresight.traces import load_traces
+
+
+# ------------------------------------------------------------------------------------------------ inputs
+def split_traces(n: int, val: int) -> tuple[list[int], list[int]]:
+    val = min(val, n // 4)
+    return list(range(n - val)), list(range(n - val, n))
+
+
+def load_stage_inputs(recipe, traces_dir, world: int):
+    """What a scorer-training stage starts from: the device, the frozen LLM, the traces and their train/validation
+    split (the last 2 traces validate); clear errors for an indivisible batch or an empty dataset."""
+    cfg = recipe.sft
+    if cfg.batch_traces % world:
+        raise ValueError(f"sft.batch_traces={cfg.batch_traces} must be divisible by the number of processes ({world})")
+    device = distributed.local_device(recipe.model.device)
+    torch.manual_seed(cfg.seed)
+    model, _ = load_model(recipe.model, device=str(device))
+    ds = load_traces(traces_dir)
+    train_idx, val_idx = split_traces(len(ds), 2)
+    if not train_idx:
+        raise ValueError(f"no training traces in {traces_dir}")
+    return device, model, ds, train_idx, val_idx
+
+
+# ------------------------------------------------------------------------------------------------ plan, setup
+@dataclasses.dataclass(frozen=True)
+class TrainPlan:
+    """What the plumbing shared by the training stages reads: optimiser, schedule, checkpoints, DeepSpeed. SFT and
+    KVpop take it from the ``sft`` section as is; GRPO from ``grpo`` (see :func:`train_plan`)."""
+
+    lr: float
+    warmup: int
+    steps: int
+    schedule: str
+    batch_traces: int  # traces per optimiser step over all processes
+    grad_clip: float
+    ckpt_every: int
+    deepspeed: str | None = None
+    engine_schedules: bool = True  # under DeepSpeed, the engine steps the schedule at each optimiser step
+
+
+def train_plan(section, **overrides) -> TrainPlan:
+    """A :class:`TrainPlan` from a recipe section's fields of the same names, plus ``overrides``."""
+    names = [f.name for f in dataclasses.fields(TrainPlan)]
+    return TrainPlan(**{n: getattr(section, n) for n in names if hasattr(section, n)} | overrides)
+
+
+def lr_lambda(step: int, warmup: int, total: int, schedule: str):
+    if step < warmup:
+        return (step + 1) / max(1, warmup)
+    if schedule == "constant":
+        return 1.0
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def setup_training(module, plan: TrainPlan, out: Path, resume: bool, rank: int, deepspeed_config, stage: str, log):
+    """Adam + the warm-up/cosine (or constant) schedule for ``module``, the run's checkpoint (restored with
+    ``--resume``, before DeepSpeed wraps anything: ZeRO partitions what is loaded) and the DeepSpeed engine when
+    configured. Returns (opt, sched, ckpt path, first step, engine or None)."""
+    opt = torch.optim.Adam(module.parameters(), lr=plan.lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, plan.warmup, plan.steps, plan.schedule))
+    ckpt = out / "ckpt" / "state.pt"
+    start = load_checkpoint(ckpt, resume, rank, module, opt, sched, stage, log)
+    engine = None
+    ds_cfg = deepspeed_config or plan.deepspeed
+    if ds_cfg:
+        engine = _deepspeed_engine(module, opt, sched if plan.engine_schedules else None, ds_cfg, plan)
+    return opt, sched, ckpt, start, engine
+
+
+def _deepspeed_engine(bank, opt, sched, ds_cfg, plan: TrainPlan):
+    import deepspeed
+
+    conf = json.loads(Path(ds_cfg).read_text()) if not isinstance(ds_cfg, dict) else dict(ds_cfg)
+    _, world = distributed.rank_world()
+    conf.setdefault("train_micro_batch_size_per_gpu", max(1, plan.batch_traces // world))
+    conf.setdefault("gradient_accumulation_steps", 1)
+    conf.setdefault("gradient_clipping", plan.grad_clip)
+    zero = conf.get("zero_optimization") or {}
+    if zero.get("stage") == 3:
+        # ZeRO-3 gathers a partitioned parameter at every forward call, a collective; the scorers run once per
+        # eviction step of each process's own traces, whose counts differ between processes (a hang). Scorer banks
+        # are small (1.5 M values for Qwen3-4B), so they stay whole on every rank; ZeRO-3 still partitions the
+        # gradients and the optimiser state.
+        n = sum(p.numel() for p in bank.parameters())
+        conf["zero_optimization"] = {**zero, "stage3_param_persistence_threshold": max(
+            n + 1, zero.get("stage3_param_persistence_threshold", 0))}
+    engine, _, _, _ = deepspeed.initialize(model=bank, optimizer=opt, lr_scheduler=sched,
+                                           model_parameters=bank.parameters(), config=conf)
+    return engine
+
+
+# ------------------------------------------------------------------------------------------------ checkpoints
+def atomic_save(obj, path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(ckpt: Path, resume: bool, rank: int, bank, opt, sched, stage: str, log=print) -> int:
+    """``--resume``: restore bank, optimizer (when saved) and schedule from ``ckpt``; returns the step to start
+    at. Without ``--resume`` a folder that already holds a run of this stage is refused (nothing is lost)."""
+    if not resume:
+        if rank == 0 and ckpt.exists():
+            raise ValueError(f"{ckpt.parent.parent} already holds a {stage} run; pass --resume to continue it "
+                             "or choose a new --out")
+        return 0
+    if not ckpt.exists():
+        raise FileNotFoundError(f"--resume: no checkpoint at {ckpt}")
+    st = torch.load(ckpt, weights_only=False, map_location="cpu")
+    bank.load_state_dict(st["bank"])
+    if st.get("opt") is not None:
+        opt.load_state_dict(st["opt"])
+    sched.load_state_dict(st["sched"])
+    log(f"[{stage.lower()}] resumed at step {st['step']}")
+    return st["step"]
+
+
+def full_state_dict(bank, engine) -> dict:
+    """The bank's full weights; under ZeRO-3 the partitions are gathered (a collective: call on every rank)."""
+    if engine is not None and engine.zero_optimization_stage() == 3:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(bank.parameters()), modifier_rank=None):
+            return {k: v.detach().clone() for k, v in bank.state_dict().items()}
+    return {k: v.detach().clone() for k, v in bank.state_dict().items()}
+
+
+# ------------------------------------------------------------------------------------------------ steps
+def optimizer_step(loss, bank, opt, engine, grad_clip: float) -> None:
+    """Backward and one optimiser step, through DeepSpeed when it wraps the bank (it averages the gradients of
+    the processes and clips by its config) or directly with gradient clipping."""
+    if engine is not None:
+        engine.backward(loss)
+        engine.step()
+        return
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(bank.parameters(), grad_clip)
+    opt.step()
+
+
+def save_progress(step: int, plan: TrainPlan, module, opt, sched, engine, ckpt: Path, rank: int) -> dict | None:
+    """Every ``ckpt_every`` steps and at the end: the resumable state, written atomically by rank 0. Call on every
+    rank. Returns the full weights it saved (None when no checkpoint was due)."""
+    if (step + 1) % plan.ckpt_every == 0 or step + 1 == plan.steps:
+        weights = full_state_dict(module, engine)  # collective under ZeRO-3: every rank takes part
+        if rank == 0:
+            # under DeepSpeed the Adam moments live in its partitions: a resumed DeepSpeed run restarts them
+            atomic_save({"bank": weights, "opt": opt.state_dict() if engine is None else None,
+                         "sched": sched.state_dict(), "step": step + 1}, ckpt)
+        return weights
+    return None
+
+
+def finish_run(out: Path, rank: int, world: int, weights: dict, bank, model, recipe, stage: str, metrics: dict,
+               extra: dict, writer, log) -> None:
+    """End of a training stage: every rank's final weights (multi-process runs, so agreement can be checked),
+    then on rank 0 the standalone scorer checkpoint, ``metrics.json`` and the TensorBoard writer's close."""
+    if world > 1:
+        (out / "ckpt").mkdir(parents=True, exist_ok=True)
+        save_file({k: v.detach().float().contiguous().cpu() for k, v in weights.items()},
+                  str(out / "ckpt" / f"final-rank{rank}.safetensors"))
+    if rank == 0:
+        cc = recipe.cache
+        save_scorer(bank, out, describe(model) | {"revision": recipe.model.revision, "path": recipe.model.path,
+                                                  "gguf_file": recipe.model.gguf_file},
+                    cc.budget, cc.interval, cc.sinks, stage, metrics, extra=extra)
+        (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
+        if writer is not None:
+            writer.close()
+        log(f"[{stage}] done: {json.dumps(metrics)}")
+    distributed.barrier()
+
+
+# ------------------------------------------------------------------------------------------------ logging
+def summary_writer(out: Path, rank: int):
+    """The run's TensorBoard writer (``OUT/tb``) on rank 0; None on the other ranks."""
+    if rank != 0:
+        return None
+    from torch.utils.tensorboard import SummaryWriter
+
+    return SummaryWriter(str(out / "tb"))
+
+
+def progress_bar(start: int, steps: int, desc: str, progress: bool, rank: int):
+    """The tqdm bar over the training steps ``start .. steps − 1`` (shown on rank 0 when ``progress``)."""
+    from tqdm import tqdm
+
+    return tqdm(range(start, steps), desc=desc, disable=not progress or rank != 0, initial=start, total=steps)
