@@ -51,7 +51,7 @@ sft: $(STAMP)
 grpo: $(STAMP)
 	$(BIN)/foresight grpo --recipe $(RECIPE) --traces $(OUT)/traces --init $(OUT)/sft --out $(OUT)/grpo $(SET)
 
-# KVpop (issue 9): the stateless MLP and the mLSTM scorer with delayed and immediate read-out
+# KVpop (arXiv 2607.05061, README "A second learned policy"): the stateless MLP and the mLSTM scorer with delayed and immediate read-out
 KVPOP_SET ?= --set sft.objective=kvpop --set sft.steps=300 --set sft.lr=0.003 --set sft.warmup=10 --set sft.ckpt_every=100
 kvpop: $(STAMP)
 	$(BIN)/foresight sft --recipe $(RECIPE) --traces $(OUT)/traces --out $(OUT)/kvpop-mlp $(KVPOP_SET) --set kvpop.scorer=mlp $(SET)

@@ -1,6 +1,6 @@
 """Train the embedded default: a tiny Qwen3 reasoning model for the ledger task (`make teacher`).
 
-Recipe (see ../shared/reference/teacher-notes.md for the measurements it starts from): a real
+Recipe (``foresight/assets/tiny-qwen3/HISTORY.md`` tells how it got here): a real
 ``Qwen3ForCausalLM`` (GQA 4 query / 2 KV heads, q/k norms, tied embeddings), AdamW(0.9, 0.98), lr 1e-2
 after 200 warm-up steps, constant, then a linear cool-down over the last ``cooldown`` share of the steps;
 grad clip 1.0; bf16 autocast on CPU; ~4k tokens per batch; half of the batches plain copy batches (they
@@ -32,6 +32,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from data_prep import ledger
 from data_prep.tokenizer import build_tokenizer
+from foresight import atomic
 
 CURRICULUM = [
     ledger.LedgerSpec(facts=16, variables=0, filler=0, scratch=0),  # the measured A3 start: look-ups form here
@@ -165,12 +166,6 @@ def greedy_accuracy(model, spec: ledger.LedgerSpec, n: int, seed: int, batch: in
     return {"accuracy": ok / n, "exact": exact / n, "n": n}
 
 
-def atomic_torch_save(obj, path: Path):
-    tmp = path.with_suffix(".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
 def train(out: Path, steps: int, seed: int, tokens_per_batch: int, eval_every: int, advance_at: list[float],
           cooldown: float, ckpt_every: int, log=print, min_exact: float = 0.5, force_stage: int | None = None) -> dict:
     torch.manual_seed(seed)
@@ -259,8 +254,7 @@ def train(out: Path, steps: int, seed: int, tokens_per_batch: int, eval_every: i
                 log(f"advance to stage {state['stage']}: {CURRICULUM[state['stage']]}; {len(new)} new tokens")
         if state["step"] % ckpt_every == 0:
             state["rng"] = rng.getstate()
-            ckpt.parent.mkdir(parents=True, exist_ok=True)
-            atomic_torch_save({"model": model.state_dict(), "opt": opt.state_dict(), "state": state,
+            atomic.torch_save({"model": model.state_dict(), "opt": opt.state_dict(), "state": state,
                                "torch_rng": torch.get_rng_state()}, ckpt)
     return {"model": model, "state": state, "train_seconds_this_run": time.time() - t0}
 
@@ -300,9 +294,7 @@ def main(argv=None):
             "final_stage": state["stage"], "log": state["log"], "heldout_default_spec": default.__dict__,
             "heldout_metrics": metrics, "wall_seconds_this_run": round(time.time() - t0, 1),
             "threads": torch.get_num_threads()}
-    tmp = a.out / "teacher.json.tmp"
-    tmp.write_text(json.dumps(info, indent=1))
-    os.replace(tmp, a.out / "teacher.json")
+    atomic.write_json(a.out / "teacher.json", info, indent=1)
 
 
 if __name__ == "__main__":

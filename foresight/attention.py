@@ -6,7 +6,7 @@ for an attention name it does not know, so without it a model running our attent
 silently lose causality (tested in tests/test_attention.py).
 
 When the keys handed to the attention come from a :class:`~foresight.cache.BoundedCache`
-(:func:`~foresight.cache.claim_attention` recognises the tensor the cache returned from ``update``), the cache
+(:mod:`foresight.handoff` recognises the tensor the cache returned from ``update``), the cache
 computes the attention itself (per-head kept sets, causality by token index, padding) and accumulates the statistics
 of :mod:`foresight.features`. Otherwise the call is plain SDPA with transformers' mask, so the same model also runs
 with a normal ``DynamicCache`` or no cache.
@@ -22,7 +22,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from foresight.cache import claim_attention
+from foresight import handoff
 from foresight.slot_attention import causal_block
 
 NAME = "foresight"
@@ -30,7 +30,7 @@ _pooling = threading.local()  # the pooler of an active ``pooling`` block
 
 
 def foresight_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    claimed = claim_attention(key)
+    claimed = handoff.claim(key)
     if claimed is not None:
         cache, layer_idx = claimed
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5

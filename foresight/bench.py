@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from foresight.config import ModelConfig
+from foresight.config import EvictionSettings, ModelConfig
 
 
 def _model():
@@ -81,11 +81,12 @@ def _rollout_child(S: int, B: int, L: int, batch: int, policy: str, golden: bool
         with torch.no_grad():
             model(input_ids=ids, use_cache=False)
 
-    dense, roll = _time_pair(dense_pass, lambda: rollout(model, ids, pol, B, L), repeat=5 if batch == 1 else 3)
+    settings = EvictionSettings(budget=B, interval=L)
+    dense, roll = _time_pair(dense_pass, lambda: rollout(model, ids, pol, settings), repeat=5 if batch == 1 else 3)
     row = {"S": S, "batch": batch, "policy": policy, "dense_forward_s": round(dense, 3), "rollout_s": round(roll, 3),
            "rollout_over_dense": round(roll / dense, 3)}
     if golden:
-        gold = _time(lambda: block_pooled_attention(model, ids, B, L), repeat=1)
+        gold = _time(lambda: block_pooled_attention(model, ids, settings), repeat=1)
         row["golden_s"] = round(gold, 3)
         row["golden_over_dense"] = round(gold / dense, 3)
     print(json.dumps(row))
@@ -130,7 +131,8 @@ def _generation_child(new_tokens: int, budget: int | None, interval: int | None,
     ids = torch.randint(8, 170, (1, 64), generator=torch.Generator().manual_seed(0))
     pol = None if policy == "full" else make_policy(policy)
     t = time.perf_counter()
-    g = generate(model, ids, max_new_tokens=new_tokens, policy=pol, budget=budget, interval=interval)
+    settings = None if pol is None else EvictionSettings(budget=budget, interval=interval)
+    g = generate(model, ids, max_new_tokens=new_tokens, policy=pol, settings=settings)
     dt = time.perf_counter() - t
     c = g.cache
     if pol is None:
@@ -167,7 +169,7 @@ def bench_scorer_overhead(new_tokens=2048, B=512, L=128):
     pol.score = timed
     ids = torch.randint(8, 170, (1, 64), generator=torch.Generator().manual_seed(0))
     t = time.perf_counter()
-    generate(model, ids, max_new_tokens=new_tokens, policy=pol, budget=B, interval=L)
+    generate(model, ids, max_new_tokens=new_tokens, policy=pol, settings=EvictionSettings(budget=B, interval=L))
     total = time.perf_counter() - t
     row = {"new_tokens": new_tokens, "decode_s": round(total, 3), "scorer_s": round(spent[0], 4),
            "scorer_share": round(spent[0] / total, 4)}

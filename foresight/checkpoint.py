@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from foresight import atomic
 from foresight.kvpop.scorers import KVpopPolicy, build_from_spec
 from foresight.models import describe
 from foresight.policies.base import Policy
@@ -74,14 +74,16 @@ def save_scorer(bank: torch.nn.Module, out: Path, model_info: dict, budget: int,
         "metrics": metrics or {}, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         **(extra or {}),
     }
-    tmp = out / f"model.safetensors.tmp{os.getpid()}"
-    save_file({k: v.detach().float().contiguous().cpu() for k, v in bank.state_dict().items()}, str(tmp))
-    os.replace(tmp, out / "model.safetensors")
-    for name, text in (("README.md", model_card(cfg)), ("config.json", json.dumps(cfg, indent=1))):
-        tmp = out / f"{name}.tmp{os.getpid()}"
-        tmp.write_text(text)
-        os.replace(tmp, out / name)
+    weights = {k: v.detach().float().contiguous().cpu() for k, v in bank.state_dict().items()}
+    atomic.replace(out / "model.safetensors", lambda tmp: save_file(weights, tmp))
+    _write_config(out, cfg)
     return out
+
+
+def _write_config(path: Path, cfg: dict) -> None:
+    """The model card, then ``config.json`` (each replaced atomically)."""
+    atomic.write_text(path / "README.md", model_card(cfg))
+    atomic.write_json(path / "config.json", cfg, indent=1)
 
 
 def record_eval(path: Path, rows: list[dict], method: str) -> None:
@@ -89,10 +91,7 @@ def record_eval(path: Path, rows: list[dict], method: str) -> None:
     path = Path(path)
     cfg = read_config(path)
     cfg["eval"] = [r for r in rows if r["method"] == method]
-    for name, text in (("README.md", model_card(cfg)), ("config.json", json.dumps(cfg, indent=1))):
-        tmp = path / f"{name}.tmp{os.getpid()}"
-        tmp.write_text(text)
-        os.replace(tmp, path / name)
+    _write_config(path, cfg)
 
 
 def read_config(path: Path) -> dict:

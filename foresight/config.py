@@ -7,8 +7,6 @@ errors that name the offending key (a misspelled field must never be silently ig
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,14 +59,45 @@ class TracesConfig:
 
 
 @dataclass
-class CacheConfig:
+class EvictionSettings:
+    """How a bounded cache evicts (the recipe's ``cache`` section), passed whole to the cache, the drivers
+    (``rollout``, ``generate``), golden labels and evaluation. Per-run facts (the prompt length, a recorder, a
+    generator) travel beside it."""
+
     budget: int = 512  # B: pairs kept per (sequence, layer, KV head) after each eviction
     interval: int = 128  # L: tokens between evictions (the cache goes from B+L back to B)
     sinks: int = 0  # first tokens always kept
+    window: int | None = None  # newest tokens protected (None: L, the paper's scheme, or a policy's own layout)
     protect_prompt: bool = False  # keep every prompt token; the budget applies to the generated part
     prompt_overflow: str = "error"  # error | evict: what to do when a protected prompt exceeds the budget
     selection: str = "topk"  # topk (deterministic) | sample (the paper's Top-2L sampler)
     temperature: float = 1.0  # softmax temperature of the sampler
+
+    def replace(self, **changes) -> "EvictionSettings":
+        return dataclasses.replace(self, **changes)
+
+    def validate(self) -> None:
+        """Refuse impossible settings with a message that names the problem."""
+        budget, interval, sinks, window = self.budget, self.interval, self.sinks, self.window
+        if budget <= 0:
+            raise ValueError(f"cache budget must be > 0, got {budget}")
+        if interval <= 0:
+            raise ValueError(f"eviction interval must be > 0, got {interval}")
+        if interval >= budget:
+            raise ValueError(f"eviction interval L={interval} must be smaller than the budget B={budget}")
+        if sinks < 0:
+            raise ValueError(f"sinks must be >= 0, got {sinks}")
+        if window is None and budget < sinks + interval:
+            raise ValueError(f"budget B={budget} must be at least sinks + interval = {sinks} + {interval}")
+        if window is not None:
+            if window < 0:
+                raise ValueError(f"protected window must be >= 0, got {window}")
+            if budget < sinks + window:
+                raise ValueError(f"budget B={budget} must be at least sinks + window = {sinks} + {window}")
+        if self.selection not in ("topk", "sample"):
+            raise ValueError(f"selection must be 'topk' or 'sample', got {self.selection!r}")
+        if self.prompt_overflow not in ("error", "evict"):
+            raise ValueError(f"prompt_overflow must be 'error' or 'evict', got {self.prompt_overflow!r}")
 
 
 @dataclass
@@ -157,7 +186,7 @@ class Recipe:
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     traces: TracesConfig = field(default_factory=TracesConfig)
-    cache: CacheConfig = field(default_factory=CacheConfig)
+    cache: EvictionSettings = field(default_factory=EvictionSettings)
     scorer: ScorerConfig = field(default_factory=ScorerConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
@@ -166,12 +195,6 @@ class Recipe:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-    def fingerprint(self, *sections: str) -> str:
-        """A short hash of the named sections (used to refuse mixing data of different recipes)."""
-        d = self.to_dict()
-        blob = json.dumps({s: d[s] for s in sections}, sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def _coerce(value, tp, where: str):

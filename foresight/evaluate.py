@@ -22,31 +22,57 @@ command gives the same numbers.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from foresight import prompts
 from foresight.checkpoint import load_scorer, method_name, policy_from_checkpoint, record_eval
-from foresight.config import parse_budgets
-from foresight.generate import generate
+from foresight.config import EvictionSettings, parse_budgets
+from foresight.generate import Decoding, generate
 from foresight.golden import GoldenPolicy, block_pooled_attention
 from foresight.kvpop.target import KVpopOraclePolicy, kvpop_oracle_priorities
 from foresight.models import load_model
 from foresight.policies import make_policy
 from foresight.reward import low_entropy_mask
 from foresight.rollout import rollout
+from foresight.selection import topk_overlap
 
 STREAMING_SINKS = 4
 
 
+@dataclasses.dataclass(frozen=True)
 class Method:
-    def __init__(self, name: str, policy_factory, protect_prompt: bool = False, sinks: int = 0,
-                 teacher_forced_only: bool = False, is_full: bool = False, oracle: bool = False):
-        self.name, self.factory, self.protect_prompt, self.sinks = name, policy_factory, protect_prompt, sinks
-        self.teacher_forced_only, self.is_full, self.oracle = teacher_forced_only, is_full, oracle
+    """One evaluated method, complete from construction on.
+
+    ``kind``: ``full`` (no eviction), ``golden`` and ``kvpop-oracle`` (teacher-forced only: they need the future),
+    or ``policy`` (a heuristic or a trained scorer). ``make_policy`` builds a fresh policy for every run (None for
+    the full cache)."""
+
+    name: str
+    kind: str = "policy"
+    make_policy: Callable | None = None
+    protect_prompt: bool = False
+    sinks: int = 0
+    stateful: bool = False  # a scorer that must observe every pair (KVpop's mLSTM): no recall along golden's path
+    checkpoint: Path | None = None  # a scorer checkpoint, whose model card records the evaluation
+
+    @property
+    def is_full(self) -> bool:
+        return self.kind == "full"
+
+    @property
+    def teacher_forced_only(self) -> bool:
+        return self.kind in ("golden", "kvpop-oracle")
+
+    def settings(self, budget: int, interval: int, overflow: str) -> EvictionSettings:
+        """The eviction settings of this method at B:L (top-L selection)."""
+        return EvictionSettings(budget=budget, interval=interval, sinks=self.sinks, protect_prompt=self.protect_prompt,
+                                prompt_overflow=overflow)
 
 
 def build_methods(names: list[str], scorer_dirs: list, model, protect_all: bool) -> list[Method]:
@@ -56,16 +82,14 @@ def build_methods(names: list[str], scorer_dirs: list, model, protect_all: bool)
         if not n:
             continue
         if n == "full":
-            out.append(Method("full", lambda: None, is_full=True))
-        elif n == "golden":
-            out.append(Method("golden", None, protect_all, teacher_forced_only=True))
-        elif n == "kvpop-oracle":  # KVpop's teacher (true future-attention target), the recipe's kvpop layout
-            out.append(Method(n, None, protect_all, teacher_forced_only=True, oracle=True))
+            out.append(Method("full", "full", make_policy=lambda: None))
+        elif n in ("golden", "kvpop-oracle"):  # kvpop-oracle: KVpop's teacher under the recipe's kvpop layout
+            out.append(Method(n, n, protect_prompt=protect_all))
         elif n == "random-keep-prompt":
-            out.append(Method(n, lambda: make_policy("random"), protect_prompt=True))
+            out.append(Method(n, make_policy=lambda: make_policy("random"), protect_prompt=True))
         else:
             make_policy(n)  # validates the name
-            out.append(Method(n, (lambda name=n: make_policy(name)), protect_all,
+            out.append(Method(n, make_policy=lambda name=n: make_policy(name), protect_prompt=protect_all,
                               sinks=STREAMING_SINKS if n == "streamingllm" else 0))
     seen = {m.name for m in out}
     for d in scorer_dirs:
@@ -74,36 +98,26 @@ def build_methods(names: list[str], scorer_dirs: list, model, protect_all: bool)
         if name in seen:
             name = f"{name}({Path(d).name})"
         seen.add(name)
-        m = Method(name, (lambda b=bank, c=cfg, nm=name: policy_from_checkpoint(b, c, nm)), protect_all)
-        m.stateful = bool(getattr(bank, "stateful", False))
-        m.checkpoint = Path(d)
-        out.append(m)
+        out.append(Method(name, make_policy=lambda b=bank, c=cfg, nm=name: policy_from_checkpoint(b, c, nm),
+                          protect_prompt=protect_all, stateful=bool(getattr(bank, "stateful", False)),
+                          checkpoint=Path(d)))
     return out
 
 
 def reference_traces(recipe, model, tok, problems, device):
     """Full-cache greedy traces of the held-out problems, with their per-token loss and entropy."""
     refs = []
-    spec_max = recipe.traces.max_new_tokens
+    decoding = Decoding.from_recipe(recipe.traces, tok, do_sample=False)
     for p in problems:
-        ids = prompt_ids(tok, p)
-        g = generate(model, torch.tensor([ids], device=device), max_new_tokens=spec_max,
-                     eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-        new = g.new_tokens[0].tolist()
-        if tok.eos_token_id in new:
-            new = new[: new.index(tok.eos_token_id) + 1]
+        ids = prompts.encode(p, tok)
+        g = generate(model, torch.tensor([ids], device=device), max_new_tokens=recipe.traces.max_new_tokens,
+                     decoding=decoding)
+        new = decoding.truncate(g.new_tokens[0].tolist())
         seq = torch.tensor([ids + new], device=device)
         full = rollout(model, seq)
         refs.append({"ids": seq, "prompt_len": len(ids), "loss": full.token_loss[0], "entropy": full.token_entropy[0],
                      "correct": prompts.check(recipe, new, tok.decode(new, skip_special_tokens=True), p.answer)})
     return refs
-
-
-def prompt_ids(tok, p) -> list[int]:
-    if p.input_ids is not None:
-        return list(p.input_ids)
-    enc = tok.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=True)
-    return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
 
 
 def group_refs(refs: list[dict]) -> list[dict]:
@@ -119,27 +133,26 @@ def group_refs(refs: list[dict]) -> list[dict]:
     return out
 
 
-def teacher_forced(method: Method, model, grp, B, L, seed, golden_F=None, record=None, overflow="evict", kvpop=None):
+def teacher_forced(method: Method, model, grp, settings: EvictionSettings, seed: int, future=None, kvpop_cfg=None):
     """Per-token losses [b, S] of a group of traces under the method, and the mean pairs held."""
     if method.is_full:
         return grp["loss"], float(grp["ids"].shape[1])
-    if method.oracle:
+    if method.kind == "kvpop-oracle":
         if "kvpop_prio" not in grp:
-            grp["kvpop_prio"] = kvpop_oracle_priorities(model, grp["ids"], kvpop)
-        pol = KVpopOraclePolicy(grp["kvpop_prio"], kvpop.window, kvpop.sinks)
+            grp["kvpop_prio"] = kvpop_oracle_priorities(model, grp["ids"], kvpop_cfg)
+        pol = KVpopOraclePolicy(grp["kvpop_prio"], kvpop_cfg.window, kvpop_cfg.sinks)
     else:
-        pol = GoldenPolicy(golden_F) if method.teacher_forced_only else method.factory()
+        pol = GoldenPolicy(future) if method.kind == "golden" else method.make_policy()
     gen = torch.Generator(device=grp["ids"].device).manual_seed(seed)
-    res = rollout(model, grp["ids"], pol, B, L, sinks=method.sinks, protect_prompt=method.protect_prompt,
-                  prompt_len=grp["prompt_len"], generator=gen, recorder=record, prompt_overflow=overflow)
+    res = rollout(model, grp["ids"], pol, settings, prompt_len=grp["prompt_len"], generator=gen)
     return res.token_loss, res.mean_held
 
 
-def recall_vs_golden(method: Method, model, grp, B, L, golden_F, seed) -> list[float]:
+def recall_vs_golden(method: Method, model, grp, settings: EvictionSettings, future, seed) -> list[float]:
     """Per golden step: |method's top-L ∩ golden's L| / L along the golden trajectory (all rows, layers, heads)."""
-    if method.is_full or method.teacher_forced_only or getattr(method, "stateful", False):
+    if method.is_full or method.teacher_forced_only or method.stateful:
         return []  # a stateful scorer (KVpop mLSTM) cannot score a trajectory it did not observe
-    pol = method.factory()
+    pol = method.make_policy()
     gen = torch.Generator(device=grp["ids"].device).manual_seed(seed)
     hits = []
 
@@ -148,51 +161,64 @@ def recall_vs_golden(method: Method, model, grp, B, L, golden_F, seed) -> list[f
         v.generator = gen
         s = pol.score(v).float().masked_fill(~st["evictable"], float("-inf"))
         mine = s.topk(st["chosen"].shape[-1], -1).indices
-        hits.append((mine.unsqueeze(-1) == st["chosen"].unsqueeze(-2)).any(-1).float().mean().item())
+        hits.append(topk_overlap(mine, st["chosen"]).mean().item())
 
-    rollout(model, grp["ids"], GoldenPolicy(golden_F), B, L, sinks=method.sinks, protect_prompt=method.protect_prompt,
-            prompt_len=grp["prompt_len"], recorder=rec, prompt_overflow="evict")
+    rollout(model, grp["ids"], GoldenPolicy(future), settings.replace(prompt_overflow="evict"),
+            prompt_len=grp["prompt_len"], recorder=rec)
     return hits
 
 
-def accuracy(method: Method, recipe, model, tok, problems, B, L, device) -> tuple[float | None, int]:
+def accuracy(method: Method, recipe, model, tok, problems, budget: int, interval: int, device):
+    """Task accuracy of generation under the method (pass@1 averaged over the seeded samples), and the samples."""
     if method.teacher_forced_only or recipe.task.kind == "none":
         return None, 0  # golden needs the future; a task without a checker has no accuracy
-    ev = recipe.eval
-    n = ev.n_samples if ev.do_sample else 1
-    rows = [prompt_ids(tok, p) for p in problems]
-    P = max(map(len, rows))
-    ids = torch.tensor([[tok.pad_token_id] * (P - len(r)) + r for r in rows], device=device)
-    mask = torch.tensor([[0] * (P - len(r)) + [1] * len(r) for r in rows], device=device)
+    eval_cfg = recipe.eval
+    n = eval_cfg.n_samples if eval_cfg.do_sample else 1
+    ids, mask = prompts.left_pad([prompts.encode(p, tok) for p in problems], tok.pad_token_id, device)
+    decoding = Decoding.from_recipe(recipe.traces, tok, do_sample=eval_cfg.do_sample)
+    settings = method.settings(budget, interval, "evict")
     correct = 0
-    tr = recipe.traces
     for k in range(n):
-        gen = torch.Generator(device=device).manual_seed(ev.seed * 1009 + k)
-        out = generate(model, ids, mask, max_new_tokens=tr.max_new_tokens, policy=method.factory(), budget=B,
-                       interval=L, sinks=method.sinks, protect_prompt=method.protect_prompt, do_sample=ev.do_sample,
-                       temperature=tr.temperature, top_k=tr.top_k, top_p=tr.top_p, eos_token_id=tok.eos_token_id,
-                       pad_token_id=tok.pad_token_id, generator=gen, prompt_overflow="evict")
+        gen = torch.Generator(device=device).manual_seed(eval_cfg.seed * 1009 + k)
+        out = generate(model, ids, mask, max_new_tokens=recipe.traces.max_new_tokens, policy=method.make_policy(),
+                       settings=settings, decoding=decoding, generator=gen)
         for p, new in zip(problems, out.new_tokens.tolist()):
-            if tok.eos_token_id in new:
-                new = new[: new.index(tok.eos_token_id) + 1]
-            ok = prompts.check(recipe, new, tok.decode(new, skip_special_tokens=True), p.answer)
-            correct += bool(ok)
+            new = decoding.truncate(new)
+            correct += bool(prompts.check(recipe, new, tok.decode(new, skip_special_tokens=True), p.answer))
     return correct / (n * len(problems)), n
+
+
+def loss_increases(loss, grp, protected: int, budget: int, interval: int):
+    """Per-token loss increase (evicted − full) after the first eviction, on the low-entropy tokens (the lowest
+    80% by full-cache entropy) and on the rest: two lists of per-row tensors."""
+    low_d, high_d = [], []
+    S = grp["ids"].shape[1]
+    start = min(protected + budget + interval + 1, S)
+    for r in range(loss.shape[0]):
+        low = low_entropy_mask(grp["entropy"][r], start, 0.8)
+        after = torch.zeros_like(low)
+        after[start:] = True
+        delta = loss[r] - grp["loss"][r]
+        if low.any():
+            low_d.append(delta[low])
+        if (after & ~low).any():
+            high_d.append(delta[after & ~low])
+    return low_d, high_d
 
 
 def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True, log=print) -> list[dict]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    ev = recipe.eval
-    if ev.num_problems <= 0:
-        raise ValueError(f"eval.num_problems must be > 0, got {ev.num_problems}")
-    budget_list = parse_budgets(budgets or ev.budgets)
+    eval_cfg = recipe.eval
+    if eval_cfg.num_problems <= 0:
+        raise ValueError(f"eval.num_problems must be > 0, got {eval_cfg.num_problems}")
+    budget_list = parse_budgets(budgets or eval_cfg.budgets)
     model, tok = load_model(recipe.model)
     device = next(model.parameters()).device
-    meths = build_methods((methods or ev.methods).split(","), list(scorers), model, ev.protect_prompt)
+    meths = build_methods((methods or eval_cfg.methods).split(","), list(scorers), model, eval_cfg.protect_prompt)
     # held-out problems: synthetic seeds from traces.heldout_offset, or the dataset rows after the training prompts
     start = recipe.traces.heldout_offset if recipe.traces.prompt_dataset is None else recipe.traces.num_prompts
-    problems = prompts.load_prompts(recipe, start, ev.num_problems, tok)
+    problems = prompts.load_prompts(recipe, start, eval_cfg.num_problems, tok)
     if not problems:
         raise ValueError(f"no held-out problems: the prompt dataset has no rows after the first {start}")
     t0 = time.time()
@@ -208,8 +234,9 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
 
     def golden_for(gi, B, L):
         if (gi, B, L) not in goldens:
+            blocks = EvictionSettings(budget=B, interval=L)
             goldens[(gi, B, L)] = torch.stack([
-                block_pooled_attention(model, refs[j]["ids"], B, L, recipe.sft.golden_pool).future()
+                block_pooled_attention(model, refs[j]["ids"], blocks, recipe.sft.golden_pool).future()
                 for j in groups[gi]["members"]])
         return goldens[(gi, B, L)]
 
@@ -224,30 +251,22 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
                     "and is protected (set cache.prompt_overflow=evict to evict inside the prompt instead)")
                 continue
             protect_label = "fallback"
+        settings = m.settings(B, L, overflow)
         tot_e = tot_f = 0.0
         low_d, high_d, held, recalls = [], [], [], []
         for gi, grp in enumerate(groups):
-            F = None if m.is_full else golden_for(gi, B, L)
-            seed = ev.seed * 7919 + gi
-            loss, mean_held = teacher_forced(m, model, grp, B, L, seed, F, overflow=overflow, kvpop=recipe.kvpop)
+            future = None if m.is_full else golden_for(gi, B, L)
+            seed = eval_cfg.seed * 7919 + gi
+            loss, mean_held = teacher_forced(m, model, grp, settings, seed, future, recipe.kvpop)
             p = grp["prompt_len"]
             tot_e += loss[:, p:].sum().item()
             tot_f += grp["loss"][:, p:].sum().item()
-            prot = p if protect_label is True else 0
-            S = grp["ids"].shape[1]
-            start = min(prot + B + L + 1, S)
-            for r in range(loss.shape[0]):
-                low = low_entropy_mask(grp["entropy"][r], start, 0.8)
-                after = torch.zeros_like(low)
-                after[start:] = True
-                delta = loss[r] - grp["loss"][r]
-                if low.any():
-                    low_d.append(delta[low])
-                if (after & ~low).any():
-                    high_d.append(delta[after & ~low])
+            low, high = loss_increases(loss, grp, p if protect_label is True else 0, B, L)
+            low_d += low
+            high_d += high
             held.append(mean_held)
-            if F is not None:
-                recalls += recall_vs_golden(m, model, grp, B, L, F, seed)
+            if future is not None:
+                recalls += recall_vs_golden(m, model, grp, settings, future, seed)
         acc, n = accuracy(m, recipe, model, tok, problems, B, L, device)
         row = {
             "method": m.name, "budget": B, "interval": L, "protect_prompt": protect_label,
@@ -267,7 +286,7 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
     (out / "results.md").write_text(results_table(rows, meta))
     for m in meths:  # the scorers' model cards carry their evaluation
-        if getattr(m, "checkpoint", None) is not None:
+        if m.checkpoint is not None:
             record_eval(m.checkpoint, rows, m.name)
     from foresight import plots
 
@@ -276,9 +295,9 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
         next((m for m in meths if m.name == "golden"), None) or next((m for m in meths if not m.is_full), None)
     if best is not None and refs:
         B, L = budget_list[0]
-        F = goldens[(0, B, L)][0] if (0, B, L) in goldens else None
+        future = goldens[(0, B, L)][0] if (0, B, L) in goldens else None
         first = refs[groups[0]["members"][0]]
-        plots.eviction_map(model, first, best, B, L, F, out / "eviction_map.png")
+        plots.eviction_map(model, first, best, B, L, future, out / "eviction_map.png")
     log(results_table(rows, meta))
     return rows
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-from transformers import DynamicCache
-
-from foresight.cache import BoundedCache
+from foresight.config import EvictionSettings
+from foresight.rollout import forward_chunks, make_cache
 
 
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -30,6 +29,32 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
     return logits
 
 
+@dataclasses.dataclass(frozen=True)
+class Decoding:
+    """How tokens are drawn: greedy, or sampled with temperature, top-k and top-p; when a row stops (EOS) and what
+    pads it afterwards."""
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    eos_token_id: int | None = None
+    pad_token_id: int = 0
+
+    @classmethod
+    def from_recipe(cls, traces, tokenizer, do_sample: bool | None = None) -> "Decoding":
+        """The recipe's sampling settings (``traces`` section; ``do_sample`` overrides its own) and the tokenizer's
+        EOS and padding tokens."""
+        return cls(traces.do_sample if do_sample is None else do_sample, traces.temperature, traces.top_k,
+                   traces.top_p, tokenizer.eos_token_id, tokenizer.pad_token_id)
+
+    def truncate(self, new: list[int]) -> list[int]:
+        """A generated row up to and including its first EOS."""
+        if self.eos_token_id is not None and self.eos_token_id in new:
+            return new[: new.index(self.eos_token_id) + 1]
+        return new
+
+
 @dataclasses.dataclass
 class GenerationResult:
     sequences: torch.Tensor  # [b, P + new] prompt (as given) + generated tokens (pad after EOS)
@@ -41,51 +66,38 @@ class GenerationResult:
 
 @torch.no_grad()
 def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, max_new_tokens: int = 256,
-             policy=None, budget: int | None = None, interval: int | None = None, sinks: int = 0,
-             protect_prompt: bool = False, selection: str = "topk", temperature_evict: float = 1.0,
-             do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-             eos_token_id: int | None = None, pad_token_id: int = 0, generator: torch.Generator | None = None,
-             prompt_overflow: str = "error", prefill_chunk: int = 1024, window: int | None = None) -> GenerationResult:
+             policy=None, settings: EvictionSettings | None = None, decoding: Decoding = Decoding(),
+             generator: torch.Generator | None = None, prefill_chunk: int = 1024) -> GenerationResult:
+    """Generate up to ``max_new_tokens`` after the left-padded prompts ``input_ids`` [b, P] (``attention_mask``:
+    0 = padding) with a bounded cache evicting by ``policy`` under ``settings`` (``policy=None``: the full cache,
+    prefilled ``prefill_chunk`` tokens at a time). The prompt is protected with ``settings.protect_prompt``;
+    ``generator`` seeds sampling, the eviction sampler and random policies."""
     b, P = input_ids.shape
     dev = input_ids.device
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     mask = attention_mask.bool()
-    if policy is None:
-        cache = DynamicCache()
-    else:
-        cache = BoundedCache(model.config, policy, budget, interval, sinks=sinks, protect_prompt=protect_prompt,
-                             prompt_len=P, selection=selection, temperature=temperature_evict, generator=generator,
-                             prompt_overflow=prompt_overflow, window=window)
-    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
-    # ---- chunked prefill
-    s, logits = 0, None
-    while s < P:
-        q = cache.next_chunk(P - s) if policy is not None else min(prefill_chunk, P - s)
-        if policy is not None:
-            kw = cache.feed(mask[:, s:s + q])
-        else:
-            kw = {"attention_mask": mask[:, : s + q].long()}
-        logits = model(input_ids=input_ids[:, s:s + q], position_ids=positions[:, s:s + q], cache=cache,
-                       use_cache=True, **kw).logits[:, -1]
-        s += q
+    cache = make_cache(model, policy, settings, prompt_len=P, generator=generator)
+    logits = None
+    for _, _, chunk_logits in forward_chunks(model, cache, input_ids, mask, prefill_chunk):  # chunked prefill
+        logits = chunk_logits[:, -1]
     next_pos = mask.long().sum(-1)  # position of the first generated token
     done = torch.zeros(b, dtype=torch.bool, device=dev)
     new, lps = [], []
     full_mask = mask.long()
     for _ in range(max_new_tokens):
         lp_all = torch.log_softmax(logits.float(), dim=-1)
-        if do_sample:
-            filt = filter_logits(logits.float() / max(temperature, 1e-6), top_k, top_p)
+        if decoding.do_sample:
+            filt = filter_logits(logits.float() / max(decoding.temperature, 1e-6), decoding.top_k, decoding.top_p)
             probs = filt.softmax(-1)
             tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
         else:
             tok = logits.argmax(-1)
-        tok = torch.where(done, torch.full_like(tok, pad_token_id), tok)
+        tok = torch.where(done, torch.full_like(tok, decoding.pad_token_id), tok)
         new.append(tok)
         lps.append(lp_all.gather(-1, tok[:, None]).squeeze(-1).masked_fill(done, 0.0))
-        if eos_token_id is not None:
-            done = done | (tok == eos_token_id)
+        if decoding.eos_token_id is not None:
+            done = done | (tok == decoding.eos_token_id)
         if bool(done.all()) or len(new) == max_new_tokens:
             break
         if policy is not None:

@@ -34,7 +34,9 @@ import torch
 from transformers import DynamicCache
 
 from foresight import attention as attn_mod
+from foresight.config import EvictionSettings
 from foresight.policies.base import Policy, pool_group
+from foresight.shapes import AttentionShape
 
 
 class BlockPooler:
@@ -70,14 +72,14 @@ class BlockPooler:
 
 
 @torch.no_grad()
-def block_pooled_attention(model, input_ids: torch.Tensor, budget: int, interval: int, pool: str = "mean"):
-    """One dense chunked pass over ``input_ids`` [1, S]; returns the :class:`BlockPooler` holding ``a_u``."""
+def block_pooled_attention(model, input_ids: torch.Tensor, settings: EvictionSettings, pool: str = "mean"):
+    """One dense chunked pass over ``input_ids`` [1, S] with the blocks of ``settings`` (B, L); returns the
+    :class:`BlockPooler` holding ``a_u``."""
     if input_ids.shape[0] != 1:
         raise ValueError("golden labels are computed one trace at a time ([1, S] input)")
-    S = input_ids.shape[1]
-    c = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    pooler = BlockPooler(c.num_hidden_layers, getattr(c, "num_key_value_heads", None) or c.num_attention_heads, S,
-                         budget, interval, pool, input_ids.device)
+    S, budget, interval = input_ids.shape[1], settings.budget, settings.interval
+    shape = AttentionShape.of(model.config)
+    pooler = BlockPooler(shape.num_layers, shape.kv_heads, S, budget, interval, pool, input_ids.device)
     cache = DynamicCache()
     s = 0
     with attn_mod.pooling(pooler):

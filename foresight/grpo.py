@@ -47,16 +47,11 @@ from foresight.models import load_model
 from foresight.reward import reward as compute_reward
 from foresight.rollout import rollout
 from foresight.scorer import LearnedPolicy
-from foresight.selection import candidate_window, window_set_logprob
+from foresight.config import EvictionSettings
+from foresight.selection import candidate_window, window_logits, window_set_logprob
 from foresight.traces import load_traces
 from foresight.training import finish_run, full_state_dict, optimizer_step, progress_bar, save_progress, \
     setup_training, split_traces, summary_writer, train_plan
-
-
-def window_logits(scores, win, evictable, temperature):
-    """Scores of a fixed Top-2L window (slots ``win``), divided by the sampler's temperature."""
-    z = scores.float().masked_fill(~evictable, float("-inf")).gather(-1, win)
-    return z / temperature
 
 
 def group_advantage(r: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -82,8 +77,10 @@ def clipped_objective(lp_new, lp_old, lp_ref, adv, clip_eps: float, beta: float,
 
 
 @torch.no_grad()
-def group_rollout(model, bank, ids: torch.Tensor, G: int, cc, temperature: float, generator, prompt_len: int):
-    """One teacher-forced pass with G sampled trajectories; returns (per-token losses [G,S], steps)."""
+def group_rollout(model, bank, ids: torch.Tensor, G: int, settings: EvictionSettings, temperature: float, generator,
+                  prompt_len: int):
+    """One teacher-forced pass with G trajectories sampled (Top-2L at ``temperature``) under ``settings``; returns
+    (per-token losses [G,S], steps)."""
     steps = []
 
     def rec(st):
@@ -94,86 +91,89 @@ def group_rollout(model, bank, ids: torch.Tensor, G: int, cc, temperature: float
         lp = window_set_logprob(window_logits(st["scores"], win, st["evictable"], temperature), pos)
         steps.append({"x": x, "win": win, "pos": pos, "evictable": st["evictable"], "lp_old": lp})
 
-    res = rollout(model, ids.expand(G, -1), LearnedPolicy(bank), cc.budget, cc.interval, sinks=cc.sinks,
-                  protect_prompt=cc.protect_prompt, prompt_len=prompt_len, selection="sample",
-                  temperature=temperature, generator=generator, recorder=rec)
+    sampled = settings.replace(selection="sample", temperature=temperature)
+    res = rollout(model, ids.expand(G, -1), LearnedPolicy(bank), sampled, prompt_len=prompt_len, generator=generator,
+                  recorder=rec)
     return res, steps
 
 
-def first_scored_token(cc, prompt_len: int) -> int:
+def first_scored_token(settings: EvictionSettings, prompt_len: int) -> int:
     """Index of the first token predicted after the first eviction."""
-    prot = prompt_len if cc.protect_prompt else 0
-    return prot + cc.budget + cc.interval + 1
+    prot = prompt_len if settings.protect_prompt else 0
+    return prot + settings.budget + settings.interval + 1
 
 
 @torch.no_grad()
-def validate(model, bank, ds, idx, cc, g):
+def validate(model, bank, ds, idx, settings: EvictionSettings, grpo_cfg):
     """Deterministic (top-L) eviction on held-out traces: loss ratio and reward."""
+    settings = settings.replace(selection="topk")
     tot_e = tot_f = 0.0
     rewards = []
     for i in idx:
         row = ds[i]
         ids = torch.tensor([row["input_ids"]])
         full_loss = torch.tensor(row["token_loss"])
-        res = rollout(model, ids, LearnedPolicy(bank), cc.budget, cc.interval, sinks=cc.sinks,
-                      protect_prompt=cc.protect_prompt, prompt_len=row["prompt_len"])
+        res = rollout(model, ids, LearnedPolicy(bank), settings, prompt_len=row["prompt_len"])
         p = row["prompt_len"]
         tot_e += res.token_loss[0, p:].sum().item()
         tot_f += full_loss[p:].sum().item()
         rewards.append(compute_reward(res.token_loss, full_loss, torch.tensor(row["token_entropy"]),
-                                      first_scored_token(cc, p), g.eta, g.low_entropy_share, g.normalise).item())
+                                      first_scored_token(settings, p), grpo_cfg.eta, grpo_cfg.low_entropy_share,
+                                      grpo_cfg.normalise).item())
     return {"val_loss_ratio": tot_e / max(tot_f, 1e-9), "val_reward": sum(rewards) / max(len(rewards), 1)}
 
 
 def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_config=None, progress: bool = True,
                log=print):
     out = Path(out)
-    g, cc = recipe.grpo, recipe.cache
+    grpo_cfg, settings = recipe.grpo, recipe.cache
     rank, world = distributed.rank_world()
-    if g.traces_per_step % world:
-        raise ValueError(f"grpo.traces_per_step={g.traces_per_step} must be divisible by the number of processes ({world})")
-    if g.group < 2:
-        raise ValueError(f"grpo.group must be >= 2 (advantages are relative to the group), got {g.group}")
-    if g.epochs < 1:
-        raise ValueError(f"grpo.epochs must be >= 1, got {g.epochs}")
+    if grpo_cfg.traces_per_step % world:
+        raise ValueError(f"grpo.traces_per_step={grpo_cfg.traces_per_step} must be divisible by the number of "
+                         f"processes ({world})")
+    if grpo_cfg.group < 2:
+        raise ValueError(f"grpo.group must be >= 2 (advantages are relative to the group), got {grpo_cfg.group}")
+    if grpo_cfg.epochs < 1:
+        raise ValueError(f"grpo.epochs must be >= 1, got {grpo_cfg.epochs}")
     device = distributed.local_device(recipe.model.device)
-    torch.manual_seed(g.seed)
+    torch.manual_seed(grpo_cfg.seed)
     model, _ = load_model(recipe.model, device=str(device))
     bank, init_cfg = load_scorer(init, model)
-    if (init_cfg["budget"], init_cfg["interval"]) != (cc.budget, cc.interval):
+    if (init_cfg["budget"], init_cfg["interval"]) != (settings.budget, settings.interval):
         log(f"[grpo] note: SFT scorers were trained at B={init_cfg['budget']}, L={init_cfg['interval']}; "
-            f"GRPO runs at B={cc.budget}, L={cc.interval}")
+            f"GRPO runs at B={settings.budget}, L={settings.interval}")
     bank.train().requires_grad_(True)
     ref = copy.deepcopy(bank).eval().requires_grad_(False)
     ds = load_traces(traces_dir)
     train_idx, val_idx = split_traces(len(ds), 2)
     # a constant rate after warm-up; the schedule stays ours under DeepSpeed: GRPO takes `epochs` optimiser steps
     # per training step and steps the schedule once
-    plan = train_plan(g, schedule="constant", batch_traces=g.traces_per_step, grad_clip=1.0, engine_schedules=False)
+    plan = train_plan(grpo_cfg, schedule="constant", batch_traces=grpo_cfg.traces_per_step, grad_clip=1.0, engine_schedules=False)
     opt, sched, ckpt, start, engine = setup_training(bank, plan, out, resume, rank, deepspeed_config, "GRPO", log)
     writer = summary_writer(out, rank)
-    first_val = validate(model, bank, ds, val_idx, cc, g) if (val_idx and start == 0) else None
-    bar = progress_bar(start, g.steps, "grpo", progress, rank)
+    first_val = validate(model, bank, ds, val_idx, settings, grpo_cfg) if (val_idx and start == 0) else None
+    bar = progress_bar(start, grpo_cfg.steps, "grpo", progress, rank)
     t0 = time.time()
     hist = []
     for step in bar:
-        rng = random.Random(g.seed * 1_000_003 + step)
-        batch = [rng.choice(train_idx) for _ in range(g.traces_per_step)][rank::world]
+        rng = random.Random(grpo_cfg.seed * 1_000_003 + step)
+        batch = [rng.choice(train_idx) for _ in range(grpo_cfg.traces_per_step)][rank::world]
         groups = []
         for j, i in enumerate(batch):
             row = ds[i]
             ids = torch.tensor([row["input_ids"]], device=device)
             slot = rank + j * world  # the trace's place in the global batch: sampling does not depend on world size
-            gen = torch.Generator(device=device).manual_seed(g.seed * 7919 + step * 131 + slot)
+            gen = torch.Generator(device=device).manual_seed(grpo_cfg.seed * 7919 + step * 131 + slot)
             bank.eval()
-            res, steps = group_rollout(model, bank, ids, g.group, cc, g.temperature, gen, row["prompt_len"])
+            res, steps = group_rollout(model, bank, ids, grpo_cfg.group, settings, grpo_cfg.temperature, gen, row["prompt_len"])
             r = compute_reward(res.token_loss, torch.tensor(row["token_loss"], device=device),
                                torch.tensor(row["token_entropy"], device=device),
-                               first_scored_token(cc, row["prompt_len"]), g.eta, g.low_entropy_share, g.normalise)
+                               first_scored_token(settings, row["prompt_len"]), grpo_cfg.eta,
+                               grpo_cfg.low_entropy_share, grpo_cfg.normalise)
             groups.append((steps, r, group_advantage(r)))
         bank.train()
         stats = {}
-        for _ in range(g.epochs):
+        for _ in range(grpo_cfg.epochs):
             losses, kls, clips = [], [], []
             for steps, r, adv in groups:
                 if not steps:
@@ -183,10 +183,11 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
                     phi = bank(s["x"])
                     with torch.no_grad():
                         phi_ref = ref(s["x"])
-                    lp_new = window_set_logprob(window_logits(phi, s["win"], s["evictable"], g.temperature), s["pos"])
-                    lp_ref = window_set_logprob(window_logits(phi_ref, s["win"], s["evictable"], g.temperature),
+                    lp_new = window_set_logprob(window_logits(phi, s["win"], s["evictable"], grpo_cfg.temperature), s["pos"])
+                    lp_ref = window_set_logprob(window_logits(phi_ref, s["win"], s["evictable"], grpo_cfg.temperature),
                                                 s["pos"])
-                    loss, st = clipped_objective(lp_new, s["lp_old"], lp_ref, adv.view(1, -1, 1), g.clip_eps, g.beta,
+                    loss, st = clipped_objective(lp_new, s["lp_old"], lp_ref, adv.view(1, -1, 1), grpo_cfg.clip_eps,
+                                                 grpo_cfg.beta,
                                                  n_actions=s["pos"].shape[-1])
                     trace_losses.append(loss)
                     kls.append(st["kl"])
@@ -208,13 +209,13 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
         bar.set_postfix(reward=f"{stats['reward_mean']:.3f}", kl=f"{stats['kl']:.4f}", clip=f"{stats['clip_frac']:.2f}")
         saved = save_progress(step, plan, bank, opt, sched, engine, ckpt, rank)  # every rank (ZeRO-3 gathers)
         if saved is not None and val_idx and writer is not None:
-            for k, val in validate(model, bank, ds, val_idx, cc, g).items():
+            for k, val in validate(model, bank, ds, val_idx, settings, grpo_cfg).items():
                 writer.add_scalar(f"grpo/{k}", val, step)
-    metrics = {"steps": g.steps, "group": g.group, "train_seconds_this_run": round(time.time() - t0, 1)}
+    metrics = {"steps": grpo_cfg.steps, "group": grpo_cfg.group, "train_seconds_this_run": round(time.time() - t0, 1)}
     if hist:
         metrics["last_reward_mean"] = round(hist[-1]["reward_mean"], 5)
     if val_idx:
-        final = validate(model, bank, ds, val_idx, cc, g)
+        final = validate(model, bank, ds, val_idx, settings, grpo_cfg)
         metrics.update({k: round(v, 5) for k, v in final.items()})
         if first_val:
             metrics.update({f"sft_{k}": round(v, 5) for k, v in first_val.items()})

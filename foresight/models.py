@@ -10,7 +10,9 @@ from pathlib import Path
 
 import torch
 
+from foresight import distributed
 from foresight.attention import use_foresight_attention
+from foresight.shapes import AttentionShape, text_config
 
 ASSETS = Path(__file__).parent / "assets"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -40,12 +42,6 @@ def resolve_path(path: str, gguf_file: str | None = None) -> tuple[str, str | No
     return path, gguf_file
 
 
-def pick_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
 def load_model(cfg, device: str | None = None):
     """-> (model, tokenizer) for a :class:`~foresight.config.ModelConfig`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -64,7 +60,7 @@ def load_model(cfg, device: str | None = None):
         model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[cfg.dtype], **kw)
     except OSError as e:
         raise FileNotFoundError(f"cannot load model {cfg.path!r}: {e}") from None
-    model.to(pick_device(device or cfg.device)).eval().requires_grad_(False)
+    model.to(distributed.local_device(device or cfg.device)).eval().requires_grad_(False)
     use_foresight_attention(model)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
@@ -74,13 +70,12 @@ def load_model(cfg, device: str | None = None):
 
 def describe(model) -> dict:
     """The model facts a scorer checkpoint must match."""
-    c = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    q = c.num_attention_heads
+    shape = AttentionShape.of(model.config)
     return {
-        "model_type": c.model_type,
-        "num_layers": c.num_hidden_layers,
-        "num_attention_heads": q,
-        "num_key_value_heads": getattr(c, "num_key_value_heads", None) or q,
-        "head_dim": getattr(c, "head_dim", None) or c.hidden_size // q,
+        "model_type": text_config(model.config).model_type,
+        "num_layers": shape.num_layers,
+        "num_attention_heads": shape.q_heads,
+        "num_key_value_heads": shape.kv_heads,
+        "head_dim": shape.head_dim,
         "name_or_path": getattr(model.config, "_name_or_path", ""),
     }

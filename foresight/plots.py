@@ -33,7 +33,7 @@ def budget_curves(rows: list[dict], out: Path) -> None:
         plt.close(fig)
 
 
-def eviction_map(model, ref: dict, method, B: int, L: int, golden_F, path: Path) -> None:
+def eviction_map(model, ref: dict, method, B: int, L: int, future, path: Path) -> None:
     """For one trace: per (layer, KV head), rows = eviction steps, columns = token positions; a cell is lit
     when the token is in that head's cache right after the step (KVpop's Figure 6 style)."""
     from foresight.golden import GoldenPolicy
@@ -50,10 +50,10 @@ def eviction_map(model, ref: dict, method, B: int, L: int, golden_F, path: Path)
         kept.scatter_(-1, t.cpu(), (~drop[:, 0] & (tok[:, 0] >= 0)).cpu())
         maps.append(kept)
 
-    pol = GoldenPolicy(golden_F) if method.teacher_forced_only else method.factory()
-    rollout(model, ref["ids"], pol, B, L, sinks=method.sinks, protect_prompt=method.protect_prompt,
-            prompt_len=ref["prompt_len"], recorder=rec, generator=torch.Generator().manual_seed(0),
-            prompt_overflow="evict")
+    pol = GoldenPolicy(future) if method.teacher_forced_only else method.make_policy()
+    settings = method.settings(B, L, "evict")
+    rollout(model, ref["ids"], pol, settings, prompt_len=ref["prompt_len"], recorder=rec,
+            generator=torch.Generator().manual_seed(0))
     if not maps:
         return
     m = torch.stack(maps)  # [steps, nl, h, S]

@@ -16,6 +16,8 @@ import random
 import re
 from pathlib import Path
 
+import torch
+
 from data_prep import ledger
 
 MATH_INSTRUCTION = "Please solve the following problem step by step and put the final answer within \\boxed{}."
@@ -27,6 +29,23 @@ class Prompt:
     messages: list  # chat messages (user, optionally system)
     answer: str | None
     input_ids: list[int] | None = None  # pre-tokenised prompt (synthetic task)
+
+
+def encode(prompt: Prompt, tokenizer) -> list[int]:
+    """A prompt's token ids: pre-tokenised (the synthetic task), or its chat messages through the tokenizer's chat
+    template with the generation prompt."""
+    if prompt.input_ids is not None:
+        return list(prompt.input_ids)
+    enc = tokenizer.apply_chat_template(prompt.messages, add_generation_prompt=True, tokenize=True)
+    return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+
+
+def left_pad(rows: list[list[int]], pad_token_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows of different lengths as one left-padded batch: (ids [b, P], attention mask [b, P], 0 = padding)."""
+    P = max(map(len, rows))
+    ids = torch.tensor([[pad_token_id] * (P - len(r)) + r for r in rows], device=device)
+    mask = torch.tensor([[0] * (P - len(r)) + [1] * len(r) for r in rows], device=device)
+    return ids, mask
 
 
 def ledger_spec(task) -> ledger.LedgerSpec:

@@ -19,6 +19,7 @@ import torch
 from transformers import DynamicCache
 
 from foresight.cache import BoundedCache
+from foresight.config import EvictionSettings
 
 
 def loss_and_entropy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -33,47 +34,58 @@ def loss_and_entropy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch
 class RolloutResult:
     token_loss: torch.Tensor  # [b, S]
     token_entropy: torch.Tensor  # [b, S]
-    steps: list  # one dict per eviction step (what the cache's recorder saw), if recorded
     mean_held: float  # mean slots held per (layer, sequence, head) over the fed tokens
     peak_slots: int
 
 
-@torch.no_grad()
-def rollout(model, input_ids: torch.Tensor, policy=None, budget: int | None = None, interval: int | None = None,
-            sinks: int = 0, protect_prompt: bool = False, prompt_len: int | None = None, selection: str = "topk",
-            temperature: float = 1.0, generator: torch.Generator | None = None, recorder=None,
-            chunk: int = 1024, attention_mask: torch.Tensor | None = None, prompt_overflow: str = "error",
-            on_chunk=None, window: int | None = None) -> RolloutResult:
-    """Teacher-force ``input_ids`` [b, S] through ``model`` with a bounded cache (``policy=None``: full cache).
+def make_cache(model, policy, settings: EvictionSettings | None, prompt_len: int | None = None, recorder=None,
+               generator: torch.Generator | None = None):
+    """The cache the drivers use: transformers' ``DynamicCache`` for ``policy=None`` (the full cache), else a
+    :class:`BoundedCache`."""
+    if policy is None:
+        return DynamicCache()
+    return BoundedCache(model.config, policy, settings, prompt_len=prompt_len, recorder=recorder, generator=generator)
 
-    ``recorder(step_dict)`` is called at every eviction (see :meth:`BoundedCache.evict`). ``on_chunk(start,
-    end)`` is called after each chunk (used by golden labels to know the cache state).
+
+def forward_chunks(model, cache, input_ids: torch.Tensor, mask: torch.Tensor, chunk: int):
+    """Feed ``input_ids`` [b, S] (``mask`` bool [b, S], False = left padding) through ``model`` in chunks: up to
+    each eviction point of a :class:`BoundedCache`, ``chunk`` tokens at a time for a full cache. Yields
+    ``(start, end, logits [b, end - start, V])``."""
+    S = input_ids.shape[1]
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    bounded = isinstance(cache, BoundedCache)
+    s = 0
+    while s < S:
+        q = cache.next_chunk(S - s) if bounded else min(chunk, S - s)
+        kw = cache.feed(mask[:, s:s + q]) if bounded else {"attention_mask": mask[:, : s + q].long()}
+        out = model(input_ids=input_ids[:, s:s + q], position_ids=positions[:, s:s + q], cache=cache,
+                    use_cache=True, **kw)
+        yield s, s + q, out.logits
+        s += q
+
+
+@torch.no_grad()
+def rollout(model, input_ids: torch.Tensor, policy=None, settings: EvictionSettings | None = None,
+            prompt_len: int | None = None, attention_mask: torch.Tensor | None = None,
+            generator: torch.Generator | None = None, recorder=None, chunk: int = 1024) -> RolloutResult:
+    """Teacher-force ``input_ids`` [b, S] (``attention_mask``: 0 = left padding) through ``model`` with a bounded
+    cache evicting by ``policy`` under ``settings`` (``policy=None``: the full cache, in chunks of ``chunk``).
+
+    ``prompt_len``: for ``settings.protect_prompt``. ``recorder(step_dict)`` is called at every eviction (see
+    :meth:`BoundedCache.evict`); ``generator`` seeds the sampler and random policies.
     """
     b, S = input_ids.shape
     dev = input_ids.device
-    if policy is None:
-        cache = DynamicCache()
-    else:
-        cache = BoundedCache(model.config, policy, budget, interval, sinks=sinks, protect_prompt=protect_prompt,
-                             prompt_len=prompt_len, selection=selection, temperature=temperature,
-                             recorder=recorder, generator=generator, prompt_overflow=prompt_overflow, window=window)
+    cache = make_cache(model, policy, settings, prompt_len, recorder, generator)
     loss = torch.zeros(b, S, device=dev)
     ent = torch.zeros(b, S, device=dev)
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids, dtype=torch.bool)
     attention_mask = attention_mask.bool()
-    positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     prev_logits = None
-    held_sum, s = 0.0, 0
-    while s < S:
-        q = cache.next_chunk(S - s) if policy is not None else min(chunk, S - s)
-        if policy is not None:
-            kw = cache.feed(attention_mask[:, s:s + q])
-        else:
-            kw = {"attention_mask": attention_mask[:, : s + q].long()}
-        out = model(input_ids=input_ids[:, s:s + q], position_ids=positions[:, s:s + q], cache=cache,
-                    use_cache=True, **kw)
-        logits = out.logits
+    held_sum = 0.0
+    for s, end, logits in forward_chunks(model, cache, input_ids, attention_mask, chunk):
+        q = end - s
         if prev_logits is not None:  # the previous chunk's last position predicts this chunk's first token
             logits_t = torch.cat([prev_logits, logits[:, :-1]], dim=1)
             nll, h = loss_and_entropy(logits_t, input_ids[:, s:s + q])
@@ -82,14 +94,11 @@ def rollout(model, input_ids: torch.Tensor, policy=None, budget: int | None = No
             nll, h = loss_and_entropy(logits[:, :-1], input_ids[:, s + 1:s + q])
             loss[:, s + 1:s + q], ent[:, s + 1:s + q] = nll, h
         prev_logits = logits[:, -1:]
-        held = cache.n if policy is not None else s + q
+        held = cache.n if policy is not None else end
         held_sum += held * q
-        s += q
-        if on_chunk is not None:
-            on_chunk(s - q, s)
     valid = attention_mask.clone()
     valid[:, 1:] &= attention_mask[:, :-1]  # a token predicted from padding alone does not count
     valid[:, 0] = False
     loss, ent = loss * valid, ent * valid
     peak = cache.peak_slots if policy is not None else S
-    return RolloutResult(loss, ent, [], held_sum / max(S, 1), peak)
+    return RolloutResult(loss, ent, held_sum / max(S, 1), peak)

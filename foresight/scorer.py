@@ -17,7 +17,7 @@ import math
 import torch
 from torch import nn
 
-from foresight import features as F
+from foresight.features import STAT_NAMES, feature_dim, stat_vector
 from foresight.models import describe
 from foresight.policies.base import Policy
 
@@ -43,7 +43,7 @@ class ScorerBank(nn.Module):
             raise ValueError(f"unknown scorer features {sorted(bad)}; known: key, value, attn")
         self.num_layers, self.kv_heads, self.head_dim, self.group = num_layers, kv_heads, head_dim, group
         self.hidden, self.activation, self.features = hidden, activation, tuple(features)
-        d_in = F.feature_dim(head_dim, group, self.features)
+        d_in = feature_dim(head_dim, group, self.features)
         self.d_in = d_in
         g = torch.Generator().manual_seed(seed)
         self.ln_w = nn.Parameter(torch.ones(num_layers, kv_heads, d_in))
@@ -54,13 +54,19 @@ class ScorerBank(nn.Module):
 
     def inputs(self, view) -> torch.Tensor:
         """Detached fp32 scorer inputs [nl, b, h, n, D_in] from an :class:`~foresight.view.EvictionView`."""
+        return self.assemble(view.keys, view.values, view.stats)
+
+    def assemble(self, keys: torch.Tensor, values: torch.Tensor, stats) -> torch.Tensor:
+        """Detached fp32 scorer inputs [..., n, D_in] from keys and values [..., n, d] and the statistics
+        ``{name: [..., g, n]}`` (read only when the scorer uses attention): the one place they are put together, for
+        training, the cache and the kvpress adapter alike."""
         parts = []
         if "key" in self.features:
-            parts.append(view.keys.detach().float())
+            parts.append(keys.detach().float())
         if "value" in self.features:
-            parts.append(view.values.detach().float())
+            parts.append(values.detach().float())
         if "attn" in self.features:
-            parts.append(torch.log(view.attn_features().detach().float() + 1e-6))
+            parts.append(torch.log(stat_vector(stats).detach().float() + 1e-6))
         return torch.cat(parts, dim=-1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -82,7 +88,7 @@ class ScorerBank(nn.Module):
     def spec(self) -> dict:
         return {"num_layers": self.num_layers, "num_key_value_heads": self.kv_heads, "head_dim": self.head_dim,
                 "group": self.group, "hidden": self.hidden, "activation": self.activation,
-                "features": list(self.features), "stats": list(F.STAT_NAMES), "d_in": self.d_in,
+                "features": list(self.features), "stats": list(STAT_NAMES), "d_in": self.d_in,
                 "normalisation": "log(stats+1e-6), layernorm + affine per (layer, kv head)"}
 
 

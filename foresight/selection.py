@@ -41,6 +41,31 @@ def select_topk(scores: torch.Tensor, evictable: torch.Tensor, k: int) -> torch.
     return masked_scores(scores, evictable).topk(k, dim=-1).indices
 
 
+def topk_overlap(mine: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """[...] share of the slots ``mine`` [..., k] that are also in ``other`` [..., k'] (e.g. recall@L of a scorer's
+    eviction set against the golden one)."""
+    return (mine.unsqueeze(-1) == other.unsqueeze(-2)).any(-1).float().sum(-1) / mine.shape[-1]
+
+
+def choose(scores: torch.Tensor, evictable: torch.Tensor, k: int, mode: str = "topk", temperature: float = 1.0,
+           generator: torch.Generator | None = None) -> torch.Tensor:
+    """The k slots [..., k] to evict from the candidates ``evictable`` by ``scores``: ``topk`` or ``sample`` (the
+    Top-2L sampler at ``temperature``)."""
+    n_cand = int(evictable.sum(-1).min())
+    if n_cand < k:
+        raise RuntimeError(f"only {n_cand} evictable pairs for {k} evictions: B, L, sinks and the protected prompt "
+                           "leave too little room")
+    if mode == "sample":
+        return sample_top2l(scores, evictable, k, temperature, generator)
+    return select_topk(scores, evictable, k)
+
+
+def kept_slots(chosen: torch.Tensor, n: int) -> torch.Tensor:
+    """[..., n - k]: the slots among the first n that ``chosen`` [..., k] leaves, ascending per row."""
+    drop = torch.zeros(*chosen.shape[:-1], n, dtype=torch.bool, device=chosen.device).scatter_(-1, chosen, True)
+    return (~drop).nonzero()[:, -1].view(*drop.shape[:-1], n - chosen.shape[-1])
+
+
 def candidate_window(scores: torch.Tensor, evictable: torch.Tensor, k: int, width: int | None = None):
     """The Top-2L window: indices [..., m] (m = min(2k, n)) of the highest scores, and their masked scores."""
     m = min(width or 2 * k, scores.shape[-1])
@@ -64,10 +89,16 @@ def sample_top2l(scores: torch.Tensor, evictable: torch.Tensor, k: int, temperat
     return idx.gather(-1, order)
 
 
+def window_logits(scores: torch.Tensor, win: torch.Tensor, evictable: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The sampler's logits z = score / τ over a fixed window of slots ``win`` [..., m] (GRPO holds the behaviour
+    policy's window fixed)."""
+    return masked_scores(scores, evictable).gather(-1, win) / temperature
+
+
 def _window_logits(scores, evictable, chosen, k, temperature):
     """z over the current top-2k window, and the positions of `chosen` in it (or -1 when outside)."""
-    idx, vals = candidate_window(scores, evictable, k)
-    z = vals / temperature
+    idx, _ = candidate_window(scores, evictable, k)
+    z = window_logits(scores, idx, evictable, temperature)
     match = chosen.unsqueeze(-1) == idx.unsqueeze(-2)  # [..., k, m]
     inside = match.any(-1)
     pos = match.float().argmax(-1)

@@ -28,8 +28,10 @@ from pathlib import Path
 import torch
 
 from foresight import distributed
+from foresight.config import EvictionSettings
 from foresight.golden import GoldenPolicy, block_pooled_attention
 from foresight.rollout import rollout
+from foresight.selection import topk_overlap
 from foresight.scorer import ScorerBank, bank_for_model
 from foresight.training import finish_run, full_state_dict, load_stage_inputs, optimizer_step, progress_bar, \
     save_progress, setup_training, summary_writer, train_plan
@@ -37,19 +39,19 @@ from foresight.training import finish_run, full_state_dict, load_stage_inputs, o
 
 # ------------------------------------------------------------------------------------------------ examples
 @torch.no_grad()
-def golden_examples(model, input_ids: torch.Tensor, bank: ScorerBank, budget: int, interval: int, sinks: int = 0,
-                    pool: str = "mean", device="cpu", protect_prompt: bool = False, prompt_len: int | None = None):
-    """Per eviction step along the golden trajectory: (inputs [nl,1,h,n,D], future [nl,1,h,n], candidates)."""
-    F = block_pooled_attention(model, input_ids, budget, interval, pool).future()
-    policy = GoldenPolicy(F)
+def golden_examples(model, input_ids: torch.Tensor, bank: ScorerBank, settings: EvictionSettings, pool: str = "mean",
+                    prompt_len: int | None = None, device="cpu"):
+    """Per eviction step along the golden trajectory (top-L under ``settings``): (inputs [nl,1,h,n,D],
+    future [nl,1,h,n], candidates)."""
+    settings = settings.replace(selection="topk")
+    policy = GoldenPolicy(block_pooled_attention(model, input_ids, settings, pool=pool).future())
     out = []
 
     def rec(st):
         v = st["view"]
         out.append((bank.inputs(v).to(device), policy.future_scores(v).to(device), st["evictable"].to(device)))
 
-    rollout(model, input_ids, policy, budget, interval, sinks=sinks, recorder=rec, protect_prompt=protect_prompt,
-            prompt_len=prompt_len)
+    rollout(model, input_ids, policy, settings, prompt_len=prompt_len, recorder=rec)
     return out
 
 
@@ -89,8 +91,7 @@ def recall_at_l(phi, fut, cand, k: int) -> torch.Tensor:
     neg = torch.finfo(phi.dtype).min
     mine = phi.masked_fill(~cand, neg).topk(k, -1).indices
     gold = (-fut).masked_fill(~cand, neg).topk(k, -1).indices
-    hit = (mine.unsqueeze(-1) == gold.unsqueeze(-2)).any(-1).float().sum(-1)
-    return hit / k
+    return topk_overlap(mine, gold)
 
 
 def example_loss(bank, examples, cfg, interval, generator=None):
@@ -112,7 +113,7 @@ def example_loss(bank, examples, cfg, interval, generator=None):
 # ------------------------------------------------------------------------------------------------ training
 def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=None, progress: bool = True, log=print):
     out = Path(out)
-    cfg, cc = recipe.sft, recipe.cache
+    cfg, interval = recipe.sft, recipe.cache.interval
     rank, world = distributed.rank_world()
     if cfg.objective == "kvpop":
         raise ValueError("sft.objective='kvpop' is trained by foresight.kvpop.train.train_kvpop")
@@ -130,8 +131,7 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
             return cache_examples[i]
         row = ds[i]
         ids = torch.tensor([row["input_ids"]], device=device)
-        ex = golden_examples(model, ids, bank, cc.budget, cc.interval, cc.sinks, cfg.golden_pool,
-                             protect_prompt=cc.protect_prompt, prompt_len=row["prompt_len"])
+        ex = golden_examples(model, ids, bank, recipe.cache, cfg.golden_pool, prompt_len=row["prompt_len"])
         if cfg.cache_golden:
             cache_examples[i] = ex
         return ex
@@ -147,7 +147,7 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
         gen = torch.Generator().manual_seed(cfg.seed * 7 + step)
         losses, recalls = [], []
         for i in mine:
-            loss, rec = example_loss(bank, examples_for(i), cfg, cc.interval, gen)
+            loss, rec = example_loss(bank, examples_for(i), cfg, interval, gen)
             losses.append(loss)
             recalls.append(rec)
         loss = torch.stack(losses).mean()
@@ -169,7 +169,7 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
                "train_seconds_this_run": round(train_seconds, 1)}
     if val_idx:
         with torch.no_grad():
-            vals = [example_loss(bank, examples_for(i), cfg, cc.interval, torch.Generator().manual_seed(0)) for i in val_idx]
+            vals = [example_loss(bank, examples_for(i), cfg, interval, torch.Generator().manual_seed(0)) for i in val_idx]
         metrics["val_loss"] = round(torch.stack([v[0] for v in vals]).mean().item(), 5)
         metrics["val_recall_at_L"] = round(torch.stack([v[1] for v in vals]).mean().item(), 4)
         metrics["val_recall_at_L_per_layer"] = [round(x, 4) for x in torch.stack([v[1] for v in vals]).mean(0).tolist()]

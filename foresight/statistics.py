@@ -13,6 +13,7 @@ import torch
 
 from foresight import features
 from foresight.slot_attention import causal_block, probabilities
+from foresight.view import LazyStats
 
 STAT_ORDER = ("sum", "max", "cum", "decay", "min")  # the per-slot statistics buffer (min last: it starts at +inf)
 _CUM, _MIN = STAT_ORDER.index("cum"), STAT_ORDER.index("min")
@@ -194,11 +195,17 @@ class SlotStatistics:
     def min_stat(self, n: int) -> torch.Tensor:
         return torch.nan_to_num(self.min[..., :n], posinf=0.0)  # 0 for a key no block query saw
 
-    def accumulated(self, n: int) -> dict:
-        """The block statistics of the first n slots that need no further computation."""
-        stats = {}
+    def view_stats(self, n: int, slots, padded: bool, scaling: float, check, missing: str) -> LazyStats:
+        """The statistics of the first n slots (of the :class:`~foresight.slots.SlotStore` ``slots``) for an eviction
+        view: the block statistics at once, the window sums and ``min`` when first read (``check()`` raises if the
+        view is stale by then); ``missing``: the message for a statistic that is not accumulated."""
+        stats, lazy = {}, []
         if "max" in self.needs:
             stats["max"] = self.max[..., :n]
         if "sum" in self.needs:
             stats.update(sum=self.sum[..., :n], cum=self.cum[..., :n], decay=self.decay[..., :n])
-        return stats
+        if "window" in self.needs:
+            lazy.append((WINDOW_KEYS, lambda: (check(), self.window_stats(slots.keys, slots.token, n, padded, scaling))[1]))
+        if "min" in self.needs:
+            lazy.append(({"min"}, lambda: (check(), {"min": self.min_stat(n)})[1]))
+        return LazyStats(stats, lazy, missing)

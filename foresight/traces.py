@@ -34,8 +34,8 @@ from pathlib import Path
 
 import torch
 
-from foresight import distributed, prompts
-from foresight.generate import generate
+from foresight import atomic, distributed, prompts
+from foresight.generate import Decoding, generate
 from foresight.models import load_model
 from foresight.rollout import rollout
 
@@ -44,12 +44,6 @@ TRACE_SECTIONS = ("model", "task", "traces")
 
 class TraceDataError(ValueError):
     """A trace folder or file is malformed or belongs to another recipe."""
-
-
-def write_json_atomic(path: Path, obj) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj))
-    os.replace(tmp, path)
 
 
 def recipe_key(recipe) -> dict:
@@ -74,7 +68,7 @@ def check_out_dir(out: Path, recipe) -> None:
             raise TraceDataError(f"output folder {out} holds traces of another recipe (differs in: "
                                  f"{', '.join(diff) or 'sections'}); use a new --out")
     else:
-        write_json_atomic(rec, {"recipe": recipe.name, "key": key})
+        atomic.write_json(rec, {"recipe": recipe.name, "key": key})
 
 
 def make_traces(recipe, out: Path, progress: bool = True, log=print) -> dict:
@@ -107,7 +101,7 @@ def make_traces(recipe, out: Path, progress: bool = True, log=print) -> dict:
         count = min(tr.batch_size, tr.num_prompts - start)
         batch = prompts.load_prompts(recipe, start, count, tok)
         records, n_new = run_batch(recipe, model, tok, batch, seed=tr.seed * 7919 + bi, device=device)
-        write_json_atomic(parts / f"batch-{bi:05d}.json", records)
+        atomic.write_json(parts / f"batch-{bi:05d}.json", records)
         kept += len(records)
         gen_tokens += n_new
         bar.update(1)
@@ -121,32 +115,21 @@ def make_traces(recipe, out: Path, progress: bool = True, log=print) -> dict:
         summary["traces_per_minute"] = round(kept / max(elapsed, 1e-9) * 60, 2) if kept else 0.0
         meta = json.loads((out / "meta.json").read_text())
         meta["throughput"] = summary
-        write_json_atomic(out / "meta.json", meta)
+        atomic.write_json(out / "meta.json", meta)
     distributed.barrier()
     return summary
 
 
 def run_batch(recipe, model, tok, batch: list, seed: int, device) -> tuple[list, int]:
     tr = recipe.traces
-    rows = []
-    for p in batch:
-        if p.input_ids is not None:
-            rows.append(list(p.input_ids))
-        else:
-            enc = tok.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=True)
-            rows.append(list(enc["input_ids"] if hasattr(enc, "keys") else enc))
-    P = max(map(len, rows))
-    pad = tok.pad_token_id
-    ids = torch.tensor([[pad] * (P - len(r)) + r for r in rows], device=device)
-    mask = torch.tensor([[0] * (P - len(r)) + [1] * len(r) for r in rows], device=device)
+    rows = [prompts.encode(p, tok) for p in batch]
+    ids, mask = prompts.left_pad(rows, tok.pad_token_id, device)
     gen = torch.Generator(device=device).manual_seed(seed)
-    res = generate(model, ids, mask, max_new_tokens=tr.max_new_tokens, do_sample=tr.do_sample,
-                   temperature=tr.temperature, top_k=tr.top_k, top_p=tr.top_p, eos_token_id=tok.eos_token_id,
-                   pad_token_id=pad, generator=gen)
+    decoding = Decoding.from_recipe(tr, tok)
+    res = generate(model, ids, mask, max_new_tokens=tr.max_new_tokens, decoding=decoding, generator=gen)
     records, n_new = [], 0
     for p, row, new in zip(batch, rows, res.new_tokens.tolist()):
-        if tok.eos_token_id in new:
-            new = new[: new.index(tok.eos_token_id) + 1]
+        new = decoding.truncate(new)
         n_new += len(new)
         text = tok.decode(new, skip_special_tokens=True)
         correct = prompts.check(recipe, new, text, p.answer)
@@ -199,7 +182,7 @@ def merge(out: Path, recipe, n_batches: int, model, tok) -> dict:
         "num_traces": len(rows), "num_prompts": recipe.traces.num_prompts,
         "length": {"min": min(lengths), "mean": round(sum(lengths) / len(lengths), 1), "max": max(lengths)},
     }
-    write_json_atomic(out / "meta.json", meta)
+    atomic.write_json(out / "meta.json", meta)
     return {"num_traces": len(rows), "length": meta["length"]}
 
 

@@ -8,7 +8,7 @@
   (:func:`load_checkpoint`; a folder that already holds a run is refused without it) and the DeepSpeed engine.
 * **Steps** (:func:`optimizer_step`, :func:`save_progress`): backward and one optimiser step (through DeepSpeed
   when it wraps the scorers); the resumable state every ``ckpt_every`` steps and at the end, written atomically
-  (:func:`atomic_save`) by rank 0.
+  (:func:`foresight.atomic.torch_save`) by rank 0.
 * **End** (:func:`finish_run`): the standalone scorer checkpoint (:func:`foresight.checkpoint.save_scorer`),
   ``metrics.json``, and in multi-process runs every rank's final weights.
 * **Logging** (:func:`summary_writer`, :func:`progress_bar`): TensorBoard (``OUT/tb``) and the tqdm bar, on rank 0.
@@ -22,13 +22,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
-from foresight import distributed
+from foresight import atomic, distributed
 from foresight.checkpoint import save_scorer
 from foresight.models import describe, load_model
 from foresight.traces import load_traces
@@ -126,13 +125,6 @@ def _deepspeed_engine(bank, opt, sched, ds_cfg, plan: TrainPlan):
 
 
 # ------------------------------------------------------------------------------------------------ checkpoints
-def atomic_save(obj, path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
 def load_checkpoint(ckpt: Path, resume: bool, rank: int, bank, opt, sched, stage: str, log=print) -> int:
     """``--resume``: restore bank, optimizer (when saved) and schedule from ``ckpt``; returns the step to start
     at. Without ``--resume`` a folder that already holds a run of this stage is refused (nothing is lost)."""
@@ -183,7 +175,7 @@ def save_progress(step: int, plan: TrainPlan, module, opt, sched, engine, ckpt: 
         weights = full_state_dict(module, engine)  # collective under ZeRO-3: every rank takes part
         if rank == 0:
             # under DeepSpeed the Adam moments live in its partitions: a resumed DeepSpeed run restarts them
-            atomic_save({"bank": weights, "opt": opt.state_dict() if engine is None else None,
+            atomic.torch_save({"bank": weights, "opt": opt.state_dict() if engine is None else None,
                          "sched": sched.state_dict(), "step": step + 1}, ckpt)
         return weights
     return None
@@ -202,7 +194,7 @@ def finish_run(out: Path, rank: int, world: int, weights: dict, bank, model, rec
         save_scorer(bank, out, describe(model) | {"revision": recipe.model.revision, "path": recipe.model.path,
                                                   "gguf_file": recipe.model.gguf_file},
                     cc.budget, cc.interval, cc.sinks, stage, metrics, extra=extra)
-        (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
+        atomic.write_json(out / "metrics.json", metrics, indent=1)
         if writer is not None:
             writer.close()
         log(f"[{stage}] done: {json.dumps(metrics)}")

@@ -47,20 +47,23 @@ class Killed(Exception):
 
 
 @contextlib.contextmanager
-def killed_after_checkpoint(module):
-    """Within the block, ``module.atomic_save`` raises right after writing a checkpoint (a job killed there)."""
-    orig = module.atomic_save
+def killed_after_checkpoint():
+    """Within the block, ``foresight.atomic.torch_save`` (the training checkpoints' writer) raises right after writing
+    a checkpoint (a job killed there)."""
+    from foresight import atomic
+
+    orig = atomic.torch_save
 
     def save_then_kill(obj, path):
         orig(obj, path)
         raise Killed()
 
-    module.atomic_save = save_then_kill
+    atomic.torch_save = save_then_kill
     try:
         with pytest.raises(Killed):
             yield
     finally:
-        module.atomic_save = orig
+        atomic.torch_save = orig
 
 
 @pytest.fixture

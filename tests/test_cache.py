@@ -3,7 +3,8 @@ import torch
 from transformers import DynamicCache
 
 from conftest import tiny_llama, tiny_qwen3
-from foresight.cache import BoundedCache, validate_budget
+from foresight.cache import BoundedCache
+from foresight.config import EvictionSettings
 from foresight.features import STAT_NAMES
 from foresight.generate import generate
 from foresight.policies import make_policy
@@ -26,20 +27,20 @@ def test_no_eviction_equals_plain_model(make):
     ids = torch.randint(8, 170, (2, 60))
     with torch.no_grad():
         ref = m(ids).logits
-        got = feed_chunks(m, BoundedCache(m.config, make_policy("h2o"), budget=64, interval=16), ids)
+        got = feed_chunks(m, BoundedCache(m.config, make_policy("h2o"), EvictionSettings(budget=64, interval=16)), ids)
     assert torch.allclose(ref, got, atol=1e-5)
     # the drivers' forwards (a placeholder 4-D mask instead of transformers' causal mask), explicit and fused attention
     nll, _ = loss_and_entropy(ref[:, :-1], ids[:, 1:])
     for name in ("h2o", "streamingllm"):
-        r = rollout(m, ids, make_policy(name), budget=64, interval=16)
+        r = rollout(m, ids, make_policy(name), EvictionSettings(budget=64, interval=16))
         assert torch.allclose(r.token_loss[:, 1:], nll, atol=1e-4), name
 
 
 def test_rollout_equals_token_by_token_generation_under_eviction(qwen3):
     ids = torch.randint(8, 170, (2, 20))
     for name in ("h2o", "tova", "snapkv", "rkv", "scissorhands", "streamingllm", "keydiff"):
-        g = generate(qwen3, ids, max_new_tokens=50, policy=make_policy(name), budget=16, interval=4)
-        r = rollout(qwen3, g.sequences, policy=make_policy(name), budget=16, interval=4)
+        g = generate(qwen3, ids, max_new_tokens=50, policy=make_policy(name), settings=EvictionSettings(budget=16, interval=4))
+        r = rollout(qwen3, g.sequences, make_policy(name), EvictionSettings(budget=16, interval=4))
         assert g.cache.steps > 5
         assert torch.allclose(r.token_loss[:, 20:], -g.logprobs, atol=1e-4), name
 
@@ -48,7 +49,7 @@ def test_generation_matches_transformers_generate_with_full_budget(qwen3):
     ids = torch.randint(8, 170, (2, 12))
     ref = qwen3.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=30, do_sample=False)
     full = generate(qwen3, ids, max_new_tokens=30)
-    big = generate(qwen3, ids, max_new_tokens=30, policy=make_policy("h2o"), budget=128, interval=32)
+    big = generate(qwen3, ids, max_new_tokens=30, policy=make_policy("h2o"), settings=EvictionSettings(budget=128, interval=32))
     assert torch.equal(ref, full.sequences) and torch.equal(ref, big.sequences)
     assert big.cache.steps == 0
 
@@ -59,7 +60,8 @@ def test_left_padded_batch_equals_single_sequences_without_eviction(qwen3):
     ids = torch.cat([torch.cat([torch.zeros(1, 4, dtype=torch.long), a], 1), b])
     mask = torch.ones_like(ids)
     mask[0, :4] = 0
-    out = generate(qwen3, ids, mask, max_new_tokens=15, policy=make_policy("h2o"), budget=64, interval=16)
+    out = generate(qwen3, ids, mask, max_new_tokens=15, policy=make_policy("h2o"),
+                   settings=EvictionSettings(budget=64, interval=16))
     for row, single in ((0, a), (1, b)):
         ref = generate(qwen3, single, max_new_tokens=15)
         assert torch.equal(out.new_tokens[row], ref.new_tokens[0])
@@ -74,7 +76,7 @@ def test_cache_is_really_bounded_and_keeps_newest(qwen3):
         seen_sizes.append(step["token"].shape[-1])
 
     ids = torch.randint(8, 170, (3, 150))
-    c = BoundedCache(qwen3.config, make_policy("random"), budget=B, interval=L, recorder=rec,
+    c = BoundedCache(qwen3.config, make_policy("random"), EvictionSettings(budget=B, interval=L), recorder=rec,
                      generator=torch.Generator().manual_seed(0))
     feed_chunks(qwen3, c, ids)
     assert c.keys.shape[3] == B + L  # storage allocated once at B+L slots, never grown
@@ -91,7 +93,7 @@ def test_cache_is_really_bounded_and_keeps_newest(qwen3):
 
 def test_sinks_protected(qwen3):
     ids = torch.randint(8, 170, (1, 100))
-    c = BoundedCache(qwen3.config, make_policy("streamingllm"), budget=20, interval=4, sinks=4)
+    c = BoundedCache(qwen3.config, make_policy("streamingllm"), EvictionSettings(budget=20, interval=4, sinks=4))
     feed_chunks(qwen3, c, ids)
     tok = c.token[0, 0, 0, : c.n].tolist()
     assert tok[:4] == [0, 1, 2, 3] and tok[4:] == list(range(100 - c.n + 4, 100))
@@ -99,21 +101,22 @@ def test_sinks_protected(qwen3):
 
 def test_impossible_settings_fail_at_construction(qwen3):
     with pytest.raises(ValueError, match="must be smaller than the budget"):
-        BoundedCache(qwen3.config, make_policy("h2o"), budget=16, interval=16)
+        BoundedCache(qwen3.config, make_policy("h2o"), EvictionSettings(budget=16, interval=16))
     with pytest.raises(ValueError, match="budget must be > 0"):
-        validate_budget(0, 4)
+        EvictionSettings(budget=0, interval=4).validate()
     with pytest.raises(ValueError, match="sinks \\+ interval"):
-        BoundedCache(qwen3.config, make_policy("h2o"), budget=16, interval=8, sinks=10)
+        BoundedCache(qwen3.config, make_policy("h2o"), EvictionSettings(budget=16, interval=8, sinks=10))
     with pytest.raises(ValueError, match="interval must be > 0"):
-        validate_budget(16, 0)
+        EvictionSettings(budget=16, interval=0).validate()
 
 
 def test_short_sequences_and_long_prompts(qwen3):
     short = torch.randint(8, 170, (1, 5))
-    r = rollout(qwen3, short, policy=make_policy("h2o"), budget=64, interval=16)
+    r = rollout(qwen3, short, make_policy("h2o"), EvictionSettings(budget=64, interval=16))
     assert r.token_loss.shape == (1, 5) and r.peak_slots == 5
     long_prompt = torch.randint(8, 170, (2, 90))  # > 2B
-    g = generate(qwen3, long_prompt, max_new_tokens=10, policy=make_policy("h2o"), budget=32, interval=8)
+    g = generate(qwen3, long_prompt, max_new_tokens=10, policy=make_policy("h2o"),
+                 settings=EvictionSettings(budget=32, interval=8))
     assert g.peak_slots <= 32 + 8 and g.new_tokens.shape == (2, 10)
 
 
@@ -125,7 +128,8 @@ def test_statistics_match_dense_attention():
     B, L = 40, 32
     ids = torch.randint(8, 170, (1, B + L))
     views = []
-    c = BoundedCache(m.config, make_policy("h2o"), budget=B, interval=L, recorder=lambda s: views.append(s["view"]))
+    c = BoundedCache(m.config, make_policy("h2o"), EvictionSettings(budget=B, interval=L),
+                     recorder=lambda s: views.append(s["view"]))
     with torch.no_grad():
         feed_chunks(m, c, ids)
         m(input_ids=torch.randint(8, 170, (1, 1)), cache=c, use_cache=True)  # triggers the eviction
@@ -147,22 +151,22 @@ def test_statistics_match_dense_attention():
 
 def test_cache_works_inside_transformers_generate(qwen3):
     ids = torch.randint(8, 170, (1, 10))
-    c = BoundedCache(qwen3.config, make_policy("h2o"), budget=16, interval=4)
+    c = BoundedCache(qwen3.config, make_policy("h2o"), EvictionSettings(budget=16, interval=4))
     out = qwen3.generate(ids, cache=c, max_new_tokens=40, do_sample=False)
     assert out.shape[1] == 50 and c.steps >= 8 and c.n <= 20
-    mine = generate(qwen3, ids, max_new_tokens=40, policy=make_policy("h2o"), budget=16, interval=4)
+    mine = generate(qwen3, ids, max_new_tokens=40, policy=make_policy("h2o"), settings=EvictionSettings(budget=16, interval=4))
     assert torch.equal(out, mine.sequences)
 
 
 def test_wrong_attention_implementation_is_caught():
     m = tiny_qwen3()
     m.set_attn_implementation("sdpa")
-    c = BoundedCache(m.config, make_policy("h2o"), budget=16, interval=4)
+    c = BoundedCache(m.config, make_policy("h2o"), EvictionSettings(budget=16, interval=4))
     m(input_ids=torch.randint(8, 170, (1, 4)), cache=c, use_cache=True)
     with pytest.raises(RuntimeError, match="attn_implementation='foresight'"):
         m(input_ids=torch.randint(8, 170, (1, 4)), cache=c, use_cache=True)
     with pytest.raises(ValueError, match="'sdpa', not 'foresight'"):  # the drivers say so before any forward
-        rollout(m, torch.randint(8, 170, (1, 40)), make_policy("h2o"), budget=16, interval=4)
+        rollout(m, torch.randint(8, 170, (1, 40)), make_policy("h2o"), EvictionSettings(budget=16, interval=4))
 
 
 def test_dynamic_cache_path_unchanged(qwen3):
@@ -178,8 +182,8 @@ def test_dynamic_cache_path_unchanged(qwen3):
 def test_protect_prompt_keeps_every_prompt_token_and_bounds_the_rest(qwen3):
     P = 12
     ids = torch.randint(8, 170, (2, P))
-    g = generate(qwen3, ids, max_new_tokens=60, policy=make_policy("random"), budget=16, interval=4,
-                 protect_prompt=True, generator=torch.Generator().manual_seed(0))
+    g = generate(qwen3, ids, max_new_tokens=60, policy=make_policy("random"), generator=torch.Generator().manual_seed(0),
+                 settings=EvictionSettings(budget=16, interval=4, protect_prompt=True))
     c = g.cache
     tok = c.token[:, :, :, : c.n]
     assert c.steps > 5
@@ -190,9 +194,10 @@ def test_protect_prompt_keeps_every_prompt_token_and_bounds_the_rest(qwen3):
 def test_protect_prompt_longer_than_budget(qwen3):
     ids = torch.randint(8, 170, (1, 30))
     with pytest.raises(ValueError, match="prompt has 30 tokens, more than the budget B=16"):
-        generate(qwen3, ids, max_new_tokens=5, policy=make_policy("random"), budget=16, interval=4, protect_prompt=True)
-    g = generate(qwen3, ids, max_new_tokens=5, policy=make_policy("random"), budget=16, interval=4,
-                 protect_prompt=True, prompt_overflow="evict")
+        generate(qwen3, ids, max_new_tokens=5, policy=make_policy("random"),
+                 settings=EvictionSettings(budget=16, interval=4, protect_prompt=True))
+    g = generate(qwen3, ids, max_new_tokens=5, policy=make_policy("random"),
+                 settings=EvictionSettings(budget=16, interval=4, protect_prompt=True, prompt_overflow="evict"))
     assert g.peak_slots <= 20
 
 
@@ -203,7 +208,8 @@ def test_deferred_decoding_statistics_equal_chunked_ones():
     got = {}
     for mode in ("chunks", "tokens"):
         views = []
-        c = BoundedCache(m.config, make_policy("h2o"), budget=24, interval=8, recorder=lambda s: views.append(s["view"]))
+        c = BoundedCache(m.config, make_policy("h2o"), EvictionSettings(budget=24, interval=8),
+                         recorder=lambda s: views.append(s["view"]))
         with torch.no_grad():
             if mode == "chunks":
                 feed_chunks(m, c, ids)
@@ -221,14 +227,16 @@ def test_deferred_decoding_statistics_equal_chunked_ones():
 def test_protected_window_option_keeps_a_wider_recent_window(qwen3):
     """The KVpop layout for any policy: sinks + a window of w recent tokens (w > L) + the policy's top set."""
     ids = torch.randint(8, 170, (2, 12))
-    g = generate(qwen3, ids, max_new_tokens=60, policy=make_policy("h2o"), budget=24, interval=4, sinks=2, window=12)
+    g = generate(qwen3, ids, max_new_tokens=60, policy=make_policy("h2o"),
+                 settings=EvictionSettings(budget=24, interval=4, sinks=2, window=12))
     c = g.cache
     assert c.window == 12 and c.steps > 5
     tok = c.token[:, :, :, : c.n]
     for t in list(range(2)) + list(range(c.seen - 12, c.seen)):
         assert (tok == t).any(-1).all(), t
     with pytest.raises(ValueError, match="sinks \\+ window"):
-        generate(qwen3, ids, max_new_tokens=5, policy=make_policy("h2o"), budget=24, interval=4, sinks=2, window=23)
+        generate(qwen3, ids, max_new_tokens=5, policy=make_policy("h2o"),
+                 settings=EvictionSettings(budget=24, interval=4, sinks=2, window=23))
 
 
 @pytest.mark.parametrize("B,L", [(24, 8), (64, 32)])
@@ -242,7 +250,8 @@ def test_fast_causal_path_equals_fully_masked_path(B, L):
     got = {}
     for full_mask in (False, True):
         views = []
-        c = BoundedCache(m.config, make_policy("h2o"), budget=B, interval=L, recorder=lambda s: views.append(s["view"]))
+        c = BoundedCache(m.config, make_policy("h2o"), EvictionSettings(budget=B, interval=L),
+                         recorder=lambda s: views.append(s["view"]))
         c.padded = full_mask
         with torch.no_grad():
             feed_chunks(m, c, ids[:, :cut])
@@ -268,7 +277,7 @@ class _ReadsAll(Policy):
 
 
 def test_window_statistics_are_lazy_and_a_stale_view_refuses_them(qwen3):
-    c = BoundedCache(qwen3.config, _ReadsAll(make_policy("h2o")), budget=24, interval=8)
+    c = BoundedCache(qwen3.config, _ReadsAll(make_policy("h2o")), EvictionSettings(budget=24, interval=8))
     with torch.no_grad():
         feed_chunks(qwen3, c, torch.randint(8, 170, (1, 30)))
     v = c.view()
@@ -294,9 +303,9 @@ def test_a_policy_gets_what_it_declares_and_skipping_the_rest_changes_nothing(na
     sinks = 4 if name == "streamingllm" else 0
     kept, losses, caches = [], [], []
     for pol in (make_policy(name), _ReadsAll(make_policy(name))):
-        losses.append(rollout(m, ids, pol, 48, 16, sinks=sinks, attention_mask=mask).token_loss)
+        losses.append(rollout(m, ids, pol, EvictionSettings(budget=48, interval=16, sinks=sinks), attention_mask=mask).token_loss)
     for pol in (make_policy(name), _ReadsAll(make_policy(name))):
-        c = BoundedCache(m.config, pol, budget=48, interval=16, sinks=sinks)
+        c = BoundedCache(m.config, pol, EvictionSettings(budget=48, interval=16, sinks=sinks))
         with torch.no_grad():
             s = 0
             while s < ids.shape[1]:
@@ -327,4 +336,4 @@ def test_a_policy_declaring_an_unknown_statistic_is_refused(qwen3):
         name, reads = "odd", frozenset({"cum", "w64"})
 
     with pytest.raises(ValueError, match="w64"):
-        BoundedCache(qwen3.config, Odd(), budget=24, interval=8)
+        BoundedCache(qwen3.config, Odd(), EvictionSettings(budget=24, interval=8))

@@ -4,6 +4,7 @@ import sys
 import torch
 
 from conftest import eager_attentions
+from foresight.config import EvictionSettings
 from foresight.golden import GoldenPolicy, block_pooled_attention
 from foresight.rollout import rollout
 
@@ -31,7 +32,7 @@ def dense_future(model, ids, B, L, pool):
 def test_blockwise_future_scores_equal_dense_reference(qwen3):
     ids = torch.randint(8, 170, (1, 77))  # last block is short (77 = 24 + 6*8 + 5)
     for pool in ("mean", "max"):
-        pooler = block_pooled_attention(qwen3, ids, budget=24, interval=8, pool=pool)
+        pooler = block_pooled_attention(qwen3, ids, EvictionSettings(budget=24, interval=8), pool=pool)
         ref = dense_future(qwen3, ids, 24, 8, pool)
         assert torch.allclose(pooler.future(), ref, atol=1e-6), pool
 
@@ -39,9 +40,9 @@ def test_blockwise_future_scores_equal_dense_reference(qwen3):
 def test_golden_trajectory_matches_naive_simulation(qwen3):
     B, L, S = 24, 8, 90
     ids = torch.randint(8, 170, (1, S))
-    F = block_pooled_attention(qwen3, ids, B, L).future()
+    F = block_pooled_attention(qwen3, ids, EvictionSettings(budget=B, interval=L)).future()
     steps = []
-    rollout(qwen3, ids, GoldenPolicy(F), budget=B, interval=L, recorder=steps.append)
+    rollout(qwen3, ids, GoldenPolicy(F), EvictionSettings(budget=B, interval=L), recorder=steps.append)
     assert len(steps) == F.shape[1] - 1  # the short last block triggers no eviction
     for layer in range(2):
         for h in range(2):
@@ -60,11 +61,11 @@ def test_golden_trajectory_matches_naive_simulation(qwen3):
 def test_golden_beats_recent_window_on_loss(qwen3):
     ids = torch.randint(8, 170, (1, 120))
     full = rollout(qwen3, ids).token_loss.sum()
-    F = block_pooled_attention(qwen3, ids, 24, 8).future()
-    gold = rollout(qwen3, ids, GoldenPolicy(F), budget=24, interval=8).token_loss.sum()
+    F = block_pooled_attention(qwen3, ids, EvictionSettings(budget=24, interval=8)).future()
+    gold = rollout(qwen3, ids, GoldenPolicy(F), EvictionSettings(budget=24, interval=8)).token_loss.sum()
     from foresight.policies import make_policy
 
-    stream = rollout(qwen3, ids, make_policy("streamingllm"), budget=24, interval=8).token_loss.sum()
+    stream = rollout(qwen3, ids, make_policy("streamingllm"), EvictionSettings(budget=24, interval=8)).token_loss.sum()
     assert abs(gold - full) < abs(stream - full)
 
 
@@ -72,13 +73,14 @@ MEMORY_SCRIPT = """
 import resource, torch, sys
 sys.path.insert(0, 'tests')
 from conftest import tiny_qwen3
+from foresight.config import EvictionSettings
 from foresight.golden import block_pooled_attention
 torch.set_num_threads(2)
 m = tiny_qwen3()
 S = 6000
 ids = torch.randint(8, 170, (1, S))
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-p = block_pooled_attention(m, ids, budget=512, interval=128)
+p = block_pooled_attention(m, ids, EvictionSettings(budget=512, interval=128))
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 print((peak - base) * 1024)
 """

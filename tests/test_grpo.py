@@ -82,9 +82,8 @@ def test_grpo_runs_checkpoints_and_resumes(tiny_model_dir, tmp_path):
         train_grpo(r, tdir, tmp_path / "sft", tmp_path / "grpo", progress=False, log=lambda *_: None)
     # a run killed right after its step-2 checkpoint (written by the stages' shared save_progress) and resumed
     # ends with the same weights
-    import foresight.training as training_mod
 
-    with killed_after_checkpoint(training_mod):
+    with killed_after_checkpoint():
         train_grpo(r, tdir, tmp_path / "sft", tmp_path / "grpo2", progress=False, log=lambda *_: None)
     assert torch.load(tmp_path / "grpo2" / "ckpt" / "state.pt", weights_only=False)["step"] == 2
     resumed, _ = train_grpo(r, tdir, tmp_path / "sft", tmp_path / "grpo2", resume=True, progress=False,

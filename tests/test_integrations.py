@@ -3,6 +3,7 @@ import torch
 
 from conftest import tiny_llama, tiny_qwen3
 from foresight.checkpoint import ScorerMismatchError, save_scorer
+from foresight.config import EvictionSettings
 from foresight.generate import generate
 from foresight.integrations.hf import ForesightCache
 from foresight.models import describe
@@ -24,7 +25,7 @@ def test_from_pretrained_cache_works_in_plain_generate(make, tmp_path):
     out = model.generate(ids, cache=cache, max_new_tokens=40, do_sample=False)
     assert out.shape == (1, 50) and cache.steps >= 8 and cache.held() <= 16 + 4
     # the same decisions as the project's own generation driver with the same scorers
-    mine = generate(model, ids, max_new_tokens=40, policy=LearnedPolicy(bank), budget=16, interval=4)
+    mine = generate(model, ids, max_new_tokens=40, policy=LearnedPolicy(bank), settings=EvictionSettings(budget=16, interval=4))
     assert torch.equal(out, mine.sequences)
 
 

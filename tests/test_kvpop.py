@@ -6,7 +6,7 @@ import torch
 
 from conftest import eager_attentions, killed_after_checkpoint
 from foresight.cache import BoundedCache
-from foresight.config import KVpopConfig
+from foresight.config import EvictionSettings, KVpopConfig
 from foresight.generate import generate
 from foresight.kvpop.scorers import KVpopPolicy, scorer_for_model
 from foresight.kvpop.target import forward_lse, future_attention_mass, kvpop_targets, target_from_mass
@@ -113,7 +113,7 @@ def test_cache_priorities_equal_whole_trace_priorities(qwen3, kind, delayed):
             v = st["view"]
             first["p"], first["tok"] = -KVpopPolicy(sc).score(v), v.token
 
-    rollout(qwen3, ids, KVpopPolicy(sc), budget=30, interval=5, recorder=rec_first)
+    rollout(qwen3, ids, KVpopPolicy(sc), EvictionSettings(budget=30, interval=5), recorder=rec_first)
     p, tok = first["p"], first["tok"]
     live = (tok[:, 0] >= 0) & (tok[:, 0] <= 34 - 6)  # tokens that have left the window have been read out
     got = p[:, 0][live]
@@ -127,16 +127,16 @@ def test_layout_validation_and_mlstm_needs_observation(qwen3):
         scorer_for_model(qwen3, KVpopConfig(window=60, sinks=4), budget=64)
     sc = scorer_for_model(qwen3, KVpopConfig(window=16, sinks=2), budget=64)
     with pytest.raises(ValueError, match="sinks \\+ window"):
-        BoundedCache(qwen3.config, KVpopPolicy(sc), 17, 4)
-    cache = BoundedCache(qwen3.config, KVpopPolicy(sc), 64, 8)
-    assert (cache.window, cache.sinks) == (16, 2)
+        BoundedCache(qwen3.config, KVpopPolicy(sc), EvictionSettings(budget=17, interval=4))
+    cache = BoundedCache(qwen3.config, KVpopPolicy(sc), EvictionSettings(budget=64, interval=8))
+    assert (cache.window, cache.settings.sinks) == (16, 2)
 
 
 @pytest.mark.parametrize("kind", ["mlp", "mlstm"])
 def test_generation_with_kvpop_policy_keeps_sinks_window_and_budget(qwen3, kind):
     sc = scorer_for_model(qwen3, KVpopConfig(scorer=kind, window=8, sinks=3, hidden=8, memory_dim=4), budget=24)
     ids = torch.randint(8, 170, (2, 10))
-    out = generate(qwen3, ids, max_new_tokens=60, policy=KVpopPolicy(sc), budget=24, interval=4)
+    out = generate(qwen3, ids, max_new_tokens=60, policy=KVpopPolicy(sc), settings=EvictionSettings(budget=24, interval=4))
     cache = out.cache
     assert cache.peak_slots <= 28
     tok = cache.token[:, :, :, : cache.n]
@@ -195,9 +195,8 @@ def test_kvpop_sft_trains_saves_resumes_and_evaluates(tiny_model_dir, tmp_path, 
     for k, v in scorer.state_dict().items():
         assert torch.equal(v, loaded.state_dict()[k]), k
     if kind == "mlstm" and delayed:  # resume after a kill gives the same weights
-        import foresight.training as training_mod
 
-        with killed_after_checkpoint(training_mod):
+        with killed_after_checkpoint():
             train_kvpop(r, tmp_path / "tr", tmp_path / "kv2", progress=False, log=lambda *_: None)
         resumed, _ = train_kvpop(r, tmp_path / "tr", tmp_path / "kv2", resume=True, progress=False,
                                  log=lambda *_: None)
@@ -215,7 +214,7 @@ def test_kvpop_sft_trains_saves_resumes_and_evaluates(tiny_model_dir, tmp_path, 
 
     model, _ = load_model(r.model)
     cache = ForesightCache.from_pretrained(out, model, budget=20, interval=4)
-    assert (cache.window, cache.sinks) == (4, 2)
+    assert (cache.window, cache.settings.sinks) == (4, 2)
     ids = torch.randint(8, 170, (1, 12))
     model.generate(ids, cache=cache, max_new_tokens=30, do_sample=False)
     assert cache.n <= 24 and cache.seen >= 30
@@ -252,9 +251,9 @@ def test_mlstm_one_shot_prefill_is_processed_in_blocks(qwen3):
     ids = torch.randint(8, 170, (1, 30))
     data = kvpop_targets(qwen3, ids, window=5)
     want = sc.sequence_priorities(data["keys"], data["values"])
-    cache = BoundedCache(qwen3.config, KVpopPolicy(sc), 100, 4)
+    cache = BoundedCache(qwen3.config, KVpopPolicy(sc), EvictionSettings(budget=100, interval=4))
     with torch.no_grad():
         qwen3(input_ids=ids, cache=cache, use_cache=True)
-    r = cache.slot_data["kvpop_r"][:, 0, :, :25]
+    r = cache.slots.extra["kvpop_r"][:, 0, :, :25]
     got = sc.priority(r[:, None], torch.arange(25).expand(2, 1, 2, 25))[:, 0]
     assert torch.allclose(got, want[..., :25], atol=1e-4)

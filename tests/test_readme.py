@@ -42,6 +42,7 @@ def test_policy_snippet_runs_and_gets_only_what_it_declares():
     import torch
 
     from foresight.cache import BoundedCache
+    from foresight.config import EvictionSettings
     from foresight.config import ModelConfig
     from foresight.models import load_model
     from foresight.policies.base import REGISTRY
@@ -54,9 +55,9 @@ def test_policy_snippet_runs_and_gets_only_what_it_declares():
         model, _ = load_model(ModelConfig(), device="cpu")
         ids = torch.randint(8, 170, (1, 400), generator=torch.Generator().manual_seed(0))
         steps = []
-        r = rollout(model, ids, ns["policy"], 128, 32, recorder=steps.append)
+        r = rollout(model, ids, ns["policy"], EvictionSettings(budget=128, interval=32), recorder=steps.append)
         assert len(steps) == (400 - 160) // 32 + 1 and torch.isfinite(r.token_loss).all()
-        c = BoundedCache(model.config, ns["policy"], 128, 32)  # computes cum and w8 only
+        c = BoundedCache(model.config, ns["policy"], EvictionSettings(budget=128, interval=32))  # computes cum and w8 only
         with torch.no_grad():
             s = 0
             while s < 200:

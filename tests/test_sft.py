@@ -65,12 +65,12 @@ def test_sft_trains_saves_and_resumes_exactly(sft_setup, tmp_path):
     # kill after step 3 (the checkpoint at step 3 exists), resume: identical final weights
     out2 = tmp_path / "sft2"
     r3 = load_recipe("recipes/tiny-qwen3.yaml", [f"model.path={r.model.path}", *SETS, "sft.steps=6"])
-    import foresight.training as training_mod
+    from foresight import atomic
 
     class Kill(Exception):
         pass
 
-    orig = training_mod.atomic_save
+    orig = atomic.torch_save
     calls = []
 
     def save_then_kill(obj, path):
@@ -78,12 +78,12 @@ def test_sft_trains_saves_and_resumes_exactly(sft_setup, tmp_path):
         calls.append(obj["step"])
         raise Kill()
 
-    training_mod.atomic_save = save_then_kill
+    atomic.torch_save = save_then_kill
     try:
         with pytest.raises(Kill):
             train_sft(r3, tdir, out2, progress=False, log=lambda *_: None)
     finally:
-        training_mod.atomic_save = orig
+        atomic.torch_save = orig
     assert calls == [3]
     with pytest.raises(ValueError, match="--resume"):
         train_sft(r3, tdir, out2, progress=False, log=lambda *_: None)

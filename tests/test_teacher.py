@@ -8,7 +8,7 @@ import torch
 
 from data_prep import ledger
 from foresight.config import ModelConfig
-from foresight.generate import generate
+from foresight.generate import Decoding, generate
 from foresight.models import ASSETS, load_model
 
 
@@ -28,7 +28,8 @@ def test_shipped_teacher_accuracy_on_held_out_problems():
     rng = random.Random(123456)  # seeds the training run never drew from this generator
     probs = [ledger.make_problem(spec, rng) for _ in range(24)]
     ids = torch.tensor([p.prompt_ids for p in probs])
-    out = generate(model, ids, max_new_tokens=spec.solution_len, eos_token_id=ledger.EOS, pad_token_id=ledger.PAD)
+    out = generate(model, ids, max_new_tokens=spec.solution_len,
+                   decoding=Decoding(eos_token_id=ledger.EOS, pad_token_id=ledger.PAD))
     acc = sum(ledger.check(row, p.answer, spec) for p, row in zip(probs, out.new_tokens.tolist())) / len(probs)
     assert acc >= 0.75, acc
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import killed_after_checkpoint, tiny_qwen3
-from foresight import training
+from foresight import atomic
 from foresight.checkpoint import load_scorer
 from foresight.config import GRPOConfig, SFTConfig, load_recipe
 from foresight.scorer import bank_for_model
@@ -74,7 +74,7 @@ def test_checkpoints_resume_exactly_and_a_used_folder_is_refused(tmp_path):
     # killed right after the step-2 checkpoint, resumed: the same weights as the uninterrupted run
     part = torch.nn.Linear(2, 1)
     part.load_state_dict(init)
-    with killed_after_checkpoint(training):
+    with killed_after_checkpoint():
         _run(part, plan, tmp_path / "b")
     again = torch.nn.Linear(2, 1)
     logs = []
@@ -93,8 +93,8 @@ def test_load_checkpoint_restores_bank_optimizer_and_schedule(tmp_path):
     m(torch.ones(1, 3)).sum().backward()
     opt.step()
     sched.step()
-    training.atomic_save({"bank": m.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(), "step": 1},
-                         tmp_path / "ckpt" / "state.pt")
+    atomic.torch_save({"bank": m.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(), "step": 1},
+                      tmp_path / "ckpt" / "state.pt")
     m2 = torch.nn.Linear(3, 1)
     opt2 = torch.optim.Adam(m2.parameters(), lr=0.1)
     sched2 = torch.optim.lr_scheduler.LambdaLR(opt2, lambda s: lr_lambda(s, 2, 10, "cosine"))

@@ -22,6 +22,7 @@ import torch
 from foresight.attention import use_foresight_attention
 from foresight.cache import BoundedCache
 from foresight.checkpoint import load_scorer, policy_from_checkpoint
+from foresight.config import EvictionSettings
 
 
 class ForesightCache(BoundedCache):
@@ -29,14 +30,14 @@ class ForesightCache(BoundedCache):
     sinks and window)."""
 
     @classmethod
-    def from_pretrained(cls, scorer_dir: str | Path, model, budget: int | None = None, interval: int | None = None,
-                        sinks: int | None = None, selection: str = "topk", temperature: float = 1.0,
-                        protect_prompt: bool = False, seed: int | None = None) -> "ForesightCache":
+    def from_pretrained(cls, scorer_dir: str | Path, model, settings: EvictionSettings | None = None,
+                        seed: int | None = None, **changes) -> "ForesightCache":
+        """``settings``: default the checkpoint's B, L and sinks with top-L selection; ``changes``: fields of
+        :class:`~foresight.config.EvictionSettings` to override (``budget=320, interval=64, selection="sample"``,
+        ...). ``seed``: seeds the sampler."""
         bank, cfg = load_scorer(scorer_dir, model, device=next(model.parameters()).device)
         use_foresight_attention(model)
+        if settings is None:
+            settings = EvictionSettings(budget=cfg["budget"], interval=cfg["interval"], sinks=cfg.get("sinks", 0))
         gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed) if seed is not None else None
-        return cls(model.config, policy_from_checkpoint(bank, cfg),
-                   budget if budget is not None else cfg["budget"],
-                   interval if interval is not None else cfg["interval"],
-                   sinks=cfg.get("sinks", 0) if sinks is None else sinks, protect_prompt=protect_prompt,
-                   selection=selection, temperature=temperature, generator=gen)
+        return cls(model.config, policy_from_checkpoint(bank, cfg), settings.replace(**changes), generator=gen)

@@ -28,7 +28,7 @@ import torch
 from kvpress.presses.scorer_press import ScorerPress
 from kvpress.utils import compute_n_kept, get_prerope_query_states
 
-from foresight import features as F
+from foresight.features import DECAY
 from foresight.checkpoint import check_compatible, load_scorer, scorer_kind
 
 
@@ -88,18 +88,10 @@ class ForesightPress(ScorerPress):
             k = prev[0].shape[-1]
             cum[..., :k], dec[..., :k] = prev
         cum = cum + st["sum"]
-        dec = F.DECAY * dec + st["sum"]
+        dec = DECAY * dec + st["sum"]
         st["cum"], st["decay"] = cum, dec
-        attn = torch.stack([st[k] for k in F.STAT_NAMES], -1).permute(0, 1, 3, 4, 2).flatten(-2)  # [b,h,n,8g]
-        parts = []
-        if "key" in self.bank.features:
-            parts.append(keys.float())
-        if "value" in self.bank.features:
-            parts.append(values.float())
-        if "attn" in self.bank.features:
-            parts.append(torch.log(attn + 1e-6))
         with torch.no_grad():
-            keep = -self.bank.forward_layer(layer, torch.cat(parts, -1))
+            keep = -self.bank.forward_layer(layer, self.bank.assemble(keys, values, st))
         if self.protect_recent:
             keep[..., max(0, n - self.protect_recent):] = float("inf")
         keep = keep.to(keys.dtype)

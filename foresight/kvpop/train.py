@@ -37,13 +37,13 @@ from foresight.training import finish_run, full_state_dict, load_stage_inputs, o
 
 
 @torch.no_grad()
-def trace_example(model, ids: torch.Tensor, kc, k: int, log_gamma: torch.Tensor) -> dict:
+def trace_example(model, ids: torch.Tensor, kvpop_cfg, k: int, log_gamma: torch.Tensor) -> dict:
     """Targets, inputs and teacher decisions of one trace [1, S] (kept on the CPU)."""
-    data = kvpop_targets(model, ids, kc.window, kc.eps, kc.agg, kc.block)
+    data = kvpop_targets(model, ids, kvpop_cfg.window, kvpop_cfg.eps, kvpop_cfg.agg, kvpop_cfg.block)
     tgt = data["target"].cpu()  # [nl, h, S]
     nl, h, S = tgt.shape
-    p = trace_priority(tgt, log_gamma.cpu()[:, :, None], kc.decay_step)
-    pairs = boundary_pairs(p.reshape(nl * h, S), kc.sinks, kc.window, k)
+    p = trace_priority(tgt, log_gamma.cpu()[:, :, None], kvpop_cfg.decay_step)
+    pairs = boundary_pairs(p.reshape(nl * h, S), kvpop_cfg.sinks, kvpop_cfg.window, k)
     gap = (p.reshape(nl * h, S).gather(1, pairs["t_new"].expand(nl * h, -1)) -
            p.reshape(nl * h, S).gather(1, pairs["t_bnd"])).abs()
     return {"keys": data["keys"].cpu(), "values": data["values"].cpu(), "p": p, "q": pairs["q"],
@@ -51,7 +51,7 @@ def trace_example(model, ids: torch.Tensor, kc, k: int, log_gamma: torch.Tensor)
             "gap": gap.view(nl, h, -1)}
 
 
-def boundary_loss(p_hat: torch.Tensor, ex: dict, kc, idx: torch.Tensor | None = None):
+def boundary_loss(p_hat: torch.Tensor, ex: dict, kvpop_cfg, idx: torch.Tensor | None = None):
     """Weighted boundary loss of a trace's student priorities p_hat [nl, h, S] at the queries ``idx`` (indices
     into ``ex['q']``; None = all). Returns (loss, accuracy of the keep/drop sign)."""
     t_new, t_bnd, keep, gap = ex["t_new"], ex["t_bnd"], ex["keep"], ex["gap"]
@@ -63,13 +63,13 @@ def boundary_loss(p_hat: torch.Tensor, ex: dict, kc, idx: torch.Tensor | None = 
     d = p_hat.gather(-1, t_new.expand(nl, h, -1)) - p_hat.gather(-1, t_bnd)
     y = keep.float() * 2 - 1
     w = torch.ones_like(d)
-    if kc.margin > 0:
-        w = w * (gap / kc.margin).clamp(max=1.0)
+    if kvpop_cfg.margin > 0:
+        w = w * (gap / kvpop_cfg.margin).clamp(max=1.0)
     rho = keep.float().mean(-1, keepdim=True).clamp(1e-6, 1 - 1e-6)
-    w_keep = (1 / (2 * rho)).clamp(kc.balance_min, kc.balance_max)
-    w_drop = (1 / (2 * (1 - rho))).clamp(kc.balance_min, kc.balance_max)
+    w_keep = (1 / (2 * rho)).clamp(kvpop_cfg.balance_min, kvpop_cfg.balance_max)
+    w_drop = (1 / (2 * (1 - rho))).clamp(kvpop_cfg.balance_min, kvpop_cfg.balance_max)
     w = w * torch.where(keep, w_keep, w_drop)
-    loss = (w * torch.nn.functional.softplus(-y * d / kc.tau)).sum() / w.sum().clamp(min=1e-9)
+    loss = (w * torch.nn.functional.softplus(-y * d / kvpop_cfg.tau)).sum() / w.sum().clamp(min=1e-9)
     acc = ((d > 0) == keep).float().mean()
     return loss, acc
 
@@ -77,11 +77,11 @@ def boundary_loss(p_hat: torch.Tensor, ex: dict, kc, idx: torch.Tensor | None = 
 def train_kvpop(recipe, traces_dir, out, resume: bool = False, deepspeed_config=None, progress: bool = True,
                 log=print):
     out = Path(out)
-    cfg, kc, cc = recipe.sft, recipe.kvpop, recipe.cache
+    cfg, kvpop_cfg, cache_cfg = recipe.sft, recipe.kvpop, recipe.cache
     rank, world = distributed.rank_world()
     device, model, ds, train_idx, val_idx = load_stage_inputs(recipe, traces_dir, world)
-    scorer = scorer_for_model(model, kc, cc.budget, cfg.seed).to(device)
-    k = cc.budget - kc.sinks - kc.window
+    scorer = scorer_for_model(model, kvpop_cfg, cache_cfg.budget, cfg.seed).to(device)
+    k = cache_cfg.budget - kvpop_cfg.sinks - kvpop_cfg.window
     plan = train_plan(cfg)
     opt, sched, ckpt, start, engine = setup_training(scorer, plan, out, resume, rank, deepspeed_config, "KVpop", log)
 
@@ -90,14 +90,14 @@ def train_kvpop(recipe, traces_dir, out, resume: bool = False, deepspeed_config=
     def example(i):
         if i not in examples:
             ids = torch.tensor([ds[i]["input_ids"]], device=device)
-            if ids.shape[1] <= kc.sinks + kc.window + k:
+            if ids.shape[1] <= kvpop_cfg.sinks + kvpop_cfg.window + k:
                 raise ValueError(f"trace {i} has {ids.shape[1]} tokens: nothing is ever evicted at budget "
-                                 f"{cc.budget}; lower cache.budget or use longer traces")
-            examples[i] = trace_example(model, ids, kc, k, scorer.log_gamma)
+                                 f"{cache_cfg.budget}; lower cache.budget or use longer traces")
+            examples[i] = trace_example(model, ids, kvpop_cfg, k, scorer.log_gamma)
         return examples[i]
 
     writer = summary_writer(out, rank)
-    bar = progress_bar(start, cfg.steps, f"kvpop-{kc.scorer}", progress, rank)
+    bar = progress_bar(start, cfg.steps, f"kvpop-{kvpop_cfg.scorer}", progress, rank)
     t0 = time.time()
     last = {}
     for step in bar:
@@ -108,11 +108,11 @@ def train_kvpop(recipe, traces_dir, out, resume: bool = False, deepspeed_config=
             ex = example(batch[j])
             nq = len(ex["q"])
             idx = None
-            if kc.queries_per_trace and kc.queries_per_trace < nq:
+            if kvpop_cfg.queries_per_trace and kvpop_cfg.queries_per_trace < nq:
                 gen = torch.Generator().manual_seed((cfg.seed * 1_000_003 + step) * 64 + j)
-                idx = torch.randperm(nq, generator=gen)[: kc.queries_per_trace]
+                idx = torch.randperm(nq, generator=gen)[: kvpop_cfg.queries_per_trace]
             p_hat = scorer.sequence_priorities(ex["keys"].to(device), ex["values"].to(device))
-            loss, acc = boundary_loss(p_hat, ex, kc, idx)
+            loss, acc = boundary_loss(p_hat, ex, kvpop_cfg, idx)
             losses.append(loss)
             accs.append(acc)
         loss = torch.stack(losses).mean()
@@ -134,18 +134,19 @@ def train_kvpop(recipe, traces_dir, out, resume: bool = False, deepspeed_config=
             for i in val_idx:
                 ex = example(i)
                 p_hat = scorer.sequence_priorities(ex["keys"].to(device), ex["values"].to(device)).cpu()
-                accs.append(boundary_loss(p_hat, ex, kc)[1].item())
+                accs.append(boundary_loss(p_hat, ex, kvpop_cfg)[1].item())
                 nl, h, S = p_hat.shape
                 qs = ex["q"][::16].tolist()
-                recalls.append(topk_recall(ex["p"].reshape(nl * h, S), p_hat.reshape(nl * h, S), kc.sinks,
-                                           kc.window, k, qs))
+                recalls.append(topk_recall(ex["p"].reshape(nl * h, S), p_hat.reshape(nl * h, S), kvpop_cfg.sinks,
+                                           kvpop_cfg.window, k, qs))
         metrics["val_boundary_acc"] = round(sum(accs) / len(accs), 4)
         metrics["val_topk_recall"] = round(sum(recalls) / len(recalls), 4)
     weights = full_state_dict(scorer, engine)
     if engine is not None and engine.zero_optimization_stage() == 3:
-        scorer = scorer_for_model(model, kc, cc.budget, cfg.seed)
+        scorer = scorer_for_model(model, kvpop_cfg, cache_cfg.budget, cfg.seed)
         scorer.load_state_dict(weights)
-    stage = f"kvpop-{kc.scorer}" + ("" if kc.scorer == "mlp" else ("-delayed" if kc.delayed else "-immediate"))
+    readout = "" if kvpop_cfg.scorer == "mlp" else ("-delayed" if kvpop_cfg.delayed else "-immediate")
+    stage = f"kvpop-{kvpop_cfg.scorer}{readout}"
     finish_run(out, rank, world, weights, scorer, model, recipe, stage, metrics,
                {"training_data": str(traces_dir), "recipe": recipe.to_dict(), "objective": "kvpop"}, writer, log)
     return scorer, metrics

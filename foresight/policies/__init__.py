@@ -3,8 +3,6 @@
 from foresight.policies import h2o, keydiff, knorm, random, rkv, scissorhands, snapkv, streaming, tova  # noqa: F401
 from foresight.policies.base import REGISTRY, Policy, pool_group, register
 
-HEURISTICS = ("random", "streamingllm", "h2o", "tova", "snapkv", "rkv", "scissorhands", "knorm", "keydiff")
-
 
 def make_policy(name: str, **kwargs) -> Policy | None:
     """A policy by name; ``full`` means no eviction (returns None)."""
@@ -15,4 +13,4 @@ def make_policy(name: str, **kwargs) -> Policy | None:
     return REGISTRY[name](**kwargs)
 
 
-__all__ = ["Policy", "REGISTRY", "HEURISTICS", "make_policy", "pool_group", "register"]
+__all__ = ["Policy", "REGISTRY", "make_policy", "pool_group", "register"]

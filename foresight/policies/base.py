@@ -38,12 +38,26 @@ class Policy:
     # only these: an empty set lets it run fused attention with no statistics (query-free policies)
     reads: frozenset | None = None
 
-    @property
-    def needs_attention(self) -> bool:
-        return self.reads is None or bool(self.reads)
-
     def score(self, view) -> torch.Tensor:  # pragma: no cover - interface
         raise NotImplementedError
 
     def __repr__(self):
         return f"{type(self).__name__}()"
+
+
+class LeastAttended(Policy):
+    """Evicts the pairs that received the least attention by one statistic (``stat``), pooled over the GQA
+    group's query heads (``pool``; ``default_pool`` per policy)."""
+
+    stat = ""
+    default_pool = "mean"
+
+    def __init__(self, pool: str | None = None):
+        self.pool = pool or self.default_pool
+
+    @property
+    def reads(self) -> frozenset:
+        return frozenset({self.stat})
+
+    def score(self, view):
+        return -pool_group(view.stats[self.stat], self.pool)

@@ -4,15 +4,9 @@ recent window (protected by the cache) and the heavy hitters by *cumulative* att
 Rule: eviction score = -(cumulative attention since the key entered the cache, summed over the GQA group's
 query heads); the lowest-cumulative pairs go first."""
 
-from foresight.policies.base import Policy, pool_group, register
+from foresight.policies.base import LeastAttended, register
 
 
 @register("h2o")
-class H2O(Policy):
-    reads = frozenset({"cum"})
-
-    def __init__(self, pool: str = "sum"):
-        self.pool = pool
-
-    def score(self, view):
-        return -pool_group(view.stats["cum"], self.pool)
+class H2O(LeastAttended):
+    stat, default_pool = "cum", "sum"

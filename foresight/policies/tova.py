@@ -3,15 +3,9 @@ attends to most.
 
 Rule: eviction score = -(attention of the newest query, averaged over the GQA group's query heads)."""
 
-from foresight.policies.base import Policy, pool_group, register
+from foresight.policies.base import LeastAttended, register
 
 
 @register("tova")
-class TOVA(Policy):
-    reads = frozenset({"w1"})
-
-    def __init__(self, pool: str = "mean"):
-        self.pool = pool
-
-    def score(self, view):
-        return -pool_group(view.stats["w1"], self.pool)
+class TOVA(LeastAttended):
+    stat, default_pool = "w1", "mean"

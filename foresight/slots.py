@@ -1,0 +1,59 @@
+"""The storage of a bounded cache: keys, values and token indices of every slot, per (layer, sequence, KV head).
+
+One dense tensor holds keys and values of all layers, ``kv[2, layer, batch, kv_head, slot, head_dim]`` (keys after
+RoPE), and ``token[layer, batch, kv_head, slot]`` the token index of each pair (its position in the fed sequence,
+pads included; ``-1`` for pads and empty slots). Slots stay sorted by time. Stateful policies keep per-slot float
+tensors beside them (:meth:`SlotStore.tensor`). Eviction keeps slots by one gather per tensor (:meth:`gather`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class SlotStore:
+    def __init__(self, num_layers: int, batch: int, kv_heads: int, head_dim: int, capacity: int, device, dtype):
+        self.head_dim = head_dim
+        self.kv = torch.zeros(2, num_layers, batch, kv_heads, capacity, head_dim, device=device, dtype=dtype)
+        self.keys, self.values = self.kv[0], self.kv[1]
+        self.token = torch.full((num_layers, batch, kv_heads, capacity), -1, device=device, dtype=torch.long)
+        self.extra: dict[str, torch.Tensor] = {}  # per-slot tensors of stateful policies, kept in step
+
+    @property
+    def capacity(self) -> int:
+        return self.token.shape[-1]
+
+    def tensor(self, name: str, fill: float = 0.0) -> torch.Tensor:
+        """A per-slot float tensor ``[nl, b, h, capacity]`` (created on first use) that eviction gathers with the
+        kept slots, like the keys."""
+        if name not in self.extra:
+            self.extra[name] = torch.full(self.token.shape, fill, dtype=torch.float32, device=self.token.device)
+        return self.extra[name]
+
+    def grow(self, extra: int) -> None:
+        """``extra`` more empty slots."""
+
+        def ext(t, dim, fill):
+            shape = list(t.shape)
+            shape[dim] = extra
+            return torch.cat([t, torch.full(shape, fill, dtype=t.dtype, device=t.device)], dim=dim)
+
+        self.kv = ext(self.kv, 4, 0)
+        self.keys, self.values = self.kv[0], self.kv[1]
+        self.token = ext(self.token, 3, -1)
+        for name, t in self.extra.items():
+            self.extra[name] = ext(t, 3, 0.0)
+
+    def gather(self, order: torch.Tensor, n: int) -> None:
+        """Keep the slots ``order`` ([nl, b, h, k], ascending) of the first n; the slots after them become empty."""
+        nl, b, h, k = order.shape
+        idx_kv = order[None, ..., None].expand(2, nl, b, h, k, self.head_dim)
+        self.kv[..., :k, :] = self.kv[..., :n, :].gather(4, idx_kv)
+        self.token[..., :k] = self.token[..., :n].gather(3, order)
+        for t in self.extra.values():
+            t[..., :k] = t[..., :n].gather(3, order)
+        self.token[..., k:] = -1
+
+    def nbytes(self) -> int:
+        """Bytes of the key/value storage."""
+        return self.kv.numel() * self.kv.element_size()
