@@ -49,7 +49,7 @@ from foresight.rollout import rollout
 from foresight.scorer import LearnedPolicy
 from foresight.config import EvictionSettings
 from foresight.selection import candidate_window, window_logits, window_set_logprob
-from foresight.traces import load_traces
+from foresight.trace_data import load_traces
 from foresight.training import finish_run, full_state_dict, optimizer_step, progress_bar, save_progress, \
     setup_training, split_traces, summary_writer, train_plan
 

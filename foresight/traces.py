@@ -6,10 +6,8 @@ answer → keep correct traces with at least ``traces.min_new_tokens`` generated
 teacher-forced full-cache pass per kept trace (``traces.loss_chunk`` tokens of logits at a time, never the
 full sequence × vocabulary) → the batch's records are written atomically as one part file.
 
-Resumable: a part file exists only once its batch is complete, so a killed run started again skips the
-finished batches and never duplicates a trace. Several processes (one per GPU, started by ``deepspeed`` or
-``torchrun``) take disjoint batches (batch i goes to rank ``i % world``), write disjoint part files, and rank
-0 merges them into one ``datasets`` dataset once all are done. Sampling seeds depend on the batch index
+Resumable: a part file exists only once its batch is complete (a rerun skips finished batches, never duplicates a
+trace). Processes (one per GPU) take batch i on rank ``i % world``; rank 0 merges. Seeds depend on the batch index
 only, so the data does not depend on the number of processes.
 
 Output folder::
@@ -19,9 +17,7 @@ Output folder::
     OUT/dataset/         the merged datasets.Dataset (save_to_disk)
     OUT/meta.json        model, tokenizer, recipe, seed, date, counts, throughput
 
-Record fields: ``input_ids`` (prompt + solution, EOS included), ``prompt_len``, ``answer``, ``correct``,
-``token_loss`` and ``token_entropy`` (aligned with ``input_ids``; index t is about predicting token t, index 0
-is 0), ``prompt_index``, ``num_new_tokens``, ``text`` (the decoded solution).
+The record fields, and the reader every later stage uses, are in :mod:`foresight.trace_data`.
 """
 
 from __future__ import annotations
@@ -38,12 +34,9 @@ from foresight import atomic, distributed, prompts
 from foresight.generate import Decoding, generate
 from foresight.models import load_model
 from foresight.rollout import rollout
+from foresight.trace_data import TraceDataError
 
 TRACE_SECTIONS = ("model", "task", "traces")
-
-
-class TraceDataError(ValueError):
-    """A trace folder or file is malformed or belongs to another recipe."""
 
 
 def recipe_key(recipe) -> dict:
@@ -184,34 +177,3 @@ def merge(out: Path, recipe, n_batches: int, model, tok) -> dict:
     }
     atomic.write_json(out / "meta.json", meta)
     return {"num_traces": len(rows), "length": meta["length"]}
-
-
-REQUIRED = ("input_ids", "prompt_len", "token_loss", "token_entropy")
-
-
-def load_traces(path: str | Path, limit: int | None = None):
-    """Load a traces dataset (``OUT`` or ``OUT/dataset``), checking that it is well formed."""
-    import datasets
-
-    p = Path(path)
-    if (p / "dataset").exists():
-        p = p / "dataset"
-    if not p.exists():
-        raise TraceDataError(f"traces not found at {path}: run `foresight traces --out {path}` first")
-    try:
-        ds = datasets.load_from_disk(str(p))
-    except Exception as e:  # noqa: BLE001 - datasets raises many kinds
-        raise TraceDataError(f"{p} is not a traces dataset: {e}") from None
-    missing = [c for c in REQUIRED if c not in ds.column_names]
-    if missing:
-        raise TraceDataError(f"trace dataset {p} lacks column(s) {', '.join(missing)}")
-    if len(ds) == 0:
-        raise TraceDataError(f"trace dataset {p} is empty")
-    if limit is not None:
-        ds = ds.select(range(min(limit, len(ds))))
-    for i, r in enumerate(ds):
-        n = len(r["input_ids"])
-        if len(r["token_loss"]) != n or len(r["token_entropy"]) != n or not 0 < r["prompt_len"] < n:
-            raise TraceDataError(f"trace {i} of {p} is malformed: input_ids, token_loss and token_entropy must have "
-                                 f"equal lengths and 0 < prompt_len < length")
-    return ds

@@ -30,7 +30,7 @@ from safetensors.torch import save_file
 from foresight import atomic, distributed
 from foresight.checkpoint import save_scorer
 from foresight.models import describe, load_model
-from foresight.traces import load_traces
+from foresight.trace_data import load_traces
 
 
 # ------------------------------------------------------------------------------------------------ inputs
