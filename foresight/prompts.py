@@ -54,36 +54,36 @@ def ledger_spec(task) -> ledger.LedgerSpec:
 
 def load_prompts(recipe, start: int, count: int, tokenizer=None) -> list[Prompt]:
     """Prompts ``start .. start+count-1`` of the recipe's prompt source."""
-    task, tr = recipe.task, recipe.traces
-    if tr.prompt_dataset is None:
+    task, traces_cfg = recipe.task, recipe.traces
+    if traces_cfg.prompt_dataset is None:
         if task.kind != "ledger":
             raise ValueError(f"task.kind={task.kind!r} needs traces.prompt_dataset (a path or a hub name)")
         spec = ledger_spec(task)
         out = []
         for i in range(start, start + count):
-            p = ledger.make_problem(spec, random.Random(tr.seed * 1_000_003 + i))
+            p = ledger.make_problem(spec, random.Random(traces_cfg.seed * 1_000_003 + i))
             out.append(Prompt(i, [{"role": "user", "content": ledger.prompt_text(p)}], p.answer, p.prompt_ids))
         return out
-    ds = load_prompt_dataset(tr.prompt_dataset, tr.prompt_split)
+    ds = load_prompt_dataset(traces_cfg.prompt_dataset, traces_cfg.prompt_split)
     cols = set(ds.column_names)
-    if tr.prompt_column not in cols:
-        raise ValueError(f"prompt dataset {tr.prompt_dataset!r} has no column {tr.prompt_column!r} "
+    if traces_cfg.prompt_column not in cols:
+        raise ValueError(f"prompt dataset {traces_cfg.prompt_dataset!r} has no column {traces_cfg.prompt_column!r} "
                          f"(columns: {', '.join(sorted(cols))}); set traces.prompt_column")
     need_answer = task.kind in ("math", "ledger")
-    if need_answer and tr.answer_column not in cols:
-        raise ValueError(f"prompt dataset {tr.prompt_dataset!r} has no answer column {tr.answer_column!r} "
+    if need_answer and traces_cfg.answer_column not in cols:
+        raise ValueError(f"prompt dataset {traces_cfg.prompt_dataset!r} has no answer column {traces_cfg.answer_column!r} "
                          f"(columns: {', '.join(sorted(cols))}); set traces.answer_column or task.kind=none")
     if len(ds) == 0:
-        raise ValueError(f"prompt dataset {tr.prompt_dataset!r} is empty")
+        raise ValueError(f"prompt dataset {traces_cfg.prompt_dataset!r} is empty")
     out = []
     for i in range(start, min(start + count, len(ds))):
         row = ds[i]
-        text = str(row[tr.prompt_column])
+        text = str(row[traces_cfg.prompt_column])
         if task.kind == "math":
             text = f"{text}\n{task.instruction or MATH_INSTRUCTION}"
         msgs = ([{"role": "system", "content": task.system_prompt}] if task.system_prompt else [])
         msgs.append({"role": "user", "content": text})
-        out.append(Prompt(i, msgs, str(row[tr.answer_column]) if need_answer else None))
+        out.append(Prompt(i, msgs, str(row[traces_cfg.answer_column]) if need_answer else None))
     return out
 
 

@@ -168,8 +168,8 @@ class SlotStatistics:
         h = keys.shape[2]
         g = hq // h
         K = keys[:, :, :, :n]  # [nl,b,h,n,d]
-        rq = (self.recent_q * scaling).view(nl, b, h, g * W, -1)
-        scores = torch.matmul(rq, K.transpose(-1, -2)).float().view(nl, b, h, g, W, n)
+        queries = (self.recent_q * scaling).view(nl, b, h, g * W, -1)
+        scores = torch.matmul(queries, K.transpose(-1, -2)).float().view(nl, b, h, g, W, n)
         ktok = token[:, :, :, :n]
         newest = ktok[..., max(n - W, 0):]
         if not padded and n >= W and torch.equal(newest, self.recent_token.expand_as(newest)):

@@ -76,10 +76,10 @@ def make_traces(recipe, out: Path, progress: bool = True, log=print) -> dict:
     parts.mkdir(exist_ok=True)
     device = distributed.local_device(recipe.model.device)
     model, tok = load_model(recipe.model, device=str(device))
-    tr = recipe.traces
-    if tr.num_prompts <= 0:
-        raise ValueError(f"traces.num_prompts must be > 0, got {tr.num_prompts}")
-    n_batches = (tr.num_prompts + tr.batch_size - 1) // tr.batch_size
+    traces_cfg = recipe.traces
+    if traces_cfg.num_prompts <= 0:
+        raise ValueError(f"traces.num_prompts must be > 0, got {traces_cfg.num_prompts}")
+    n_batches = (traces_cfg.num_prompts + traces_cfg.batch_size - 1) // traces_cfg.batch_size
     mine = [i for i in range(n_batches) if i % world == rank]
     todo = [i for i in mine if not (parts / f"batch-{i:05d}.json").exists()]
     if len(todo) < len(mine):
@@ -90,10 +90,10 @@ def make_traces(recipe, out: Path, progress: bool = True, log=print) -> dict:
     kept = gen_tokens = 0
     t0 = time.time()
     for bi in todo:
-        start = bi * tr.batch_size
-        count = min(tr.batch_size, tr.num_prompts - start)
+        start = bi * traces_cfg.batch_size
+        count = min(traces_cfg.batch_size, traces_cfg.num_prompts - start)
         batch = prompts.load_prompts(recipe, start, count, tok)
-        records, n_new = run_batch(recipe, model, tok, batch, seed=tr.seed * 7919 + bi, device=device)
+        records, n_new = run_batch(recipe, model, tok, batch, seed=traces_cfg.seed * 7919 + bi, device=device)
         atomic.write_json(parts / f"batch-{bi:05d}.json", records)
         kept += len(records)
         gen_tokens += n_new
@@ -114,24 +114,24 @@ def make_traces(recipe, out: Path, progress: bool = True, log=print) -> dict:
 
 
 def run_batch(recipe, model, tok, batch: list, seed: int, device) -> tuple[list, int]:
-    tr = recipe.traces
+    traces_cfg = recipe.traces
     rows = [prompts.encode(p, tok) for p in batch]
     ids, mask = prompts.left_pad(rows, tok.pad_token_id, device)
     gen = torch.Generator(device=device).manual_seed(seed)
-    decoding = Decoding.from_recipe(tr, tok)
-    res = generate(model, ids, mask, max_new_tokens=tr.max_new_tokens, decoding=decoding, generator=gen)
+    decoding = Decoding.from_recipe(traces_cfg, tok)
+    res = generate(model, ids, mask, max_new_tokens=traces_cfg.max_new_tokens, decoding=decoding, generator=gen)
     records, n_new = [], 0
     for p, row, new in zip(batch, rows, res.new_tokens.tolist()):
         new = decoding.truncate(new)
         n_new += len(new)
         text = tok.decode(new, skip_special_tokens=True)
         correct = prompts.check(recipe, new, text, p.answer)
-        if tr.require_correct and correct is False:
+        if traces_cfg.require_correct and correct is False:
             continue
-        if len(new) < tr.min_new_tokens:
+        if len(new) < traces_cfg.min_new_tokens:
             continue
         seq = torch.tensor([row + new], device=device)
-        full = rollout(model, seq, policy=None, chunk=tr.loss_chunk)
+        full = rollout(model, seq, policy=None, chunk=traces_cfg.loss_chunk)
         records.append({
             "prompt_index": p.index, "input_ids": row + new, "prompt_len": len(row), "answer": p.answer or "",
             "correct": correct, "num_new_tokens": len(new), "text": text,

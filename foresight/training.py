@@ -135,13 +135,13 @@ def load_checkpoint(ckpt: Path, resume: bool, rank: int, bank, opt, sched, stage
         return 0
     if not ckpt.exists():
         raise FileNotFoundError(f"--resume: no checkpoint at {ckpt}")
-    st = torch.load(ckpt, weights_only=False, map_location="cpu")
-    bank.load_state_dict(st["bank"])
-    if st.get("opt") is not None:
-        opt.load_state_dict(st["opt"])
-    sched.load_state_dict(st["sched"])
-    log(f"[{stage.lower()}] resumed at step {st['step']}")
-    return st["step"]
+    state = torch.load(ckpt, weights_only=False, map_location="cpu")
+    bank.load_state_dict(state["bank"])
+    if state.get("opt") is not None:
+        opt.load_state_dict(state["opt"])
+    sched.load_state_dict(state["sched"])
+    log(f"[{stage.lower()}] resumed at step {state['step']}")
+    return state["step"]
 
 
 def full_state_dict(bank, engine) -> dict:
@@ -190,10 +190,10 @@ def finish_run(out: Path, rank: int, world: int, weights: dict, bank, model, rec
         save_file({k: v.detach().float().contiguous().cpu() for k, v in weights.items()},
                   str(out / "ckpt" / f"final-rank{rank}.safetensors"))
     if rank == 0:
-        cc = recipe.cache
+        settings = recipe.cache
         save_scorer(bank, out, describe(model) | {"revision": recipe.model.revision, "path": recipe.model.path,
                                                   "gguf_file": recipe.model.gguf_file},
-                    cc.budget, cc.interval, cc.sinks, stage, metrics, extra=extra)
+                    settings.budget, settings.interval, settings.sinks, stage, metrics, extra=extra)
         atomic.write_json(out / "metrics.json", metrics, indent=1)
         if writer is not None:
             writer.close()

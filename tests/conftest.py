@@ -33,6 +33,15 @@ def tiny_llama(seed: int = 0):
     return use_foresight_attention(LlamaForCausalLM(cfg).eval())
 
 
+def feed_chunks(model, cache, ids):
+    outs, s = [], 0
+    while s < ids.shape[1]:
+        q = cache.next_chunk(ids.shape[1] - s)
+        outs.append(model(input_ids=ids[:, s:s + q], cache=cache, use_cache=True).logits)
+        s += q
+    return torch.cat(outs, 1)
+
+
 def eager_attentions(model, ids):
     """Dense attention probabilities of a tiny Qwen3 (per layer [b, Hq, S, S]) from transformers' eager path."""
     eager = tiny_qwen3()

@@ -1,0 +1,165 @@
+"""The statistics a bounded cache accumulates (foresight.statistics): equal to dense attention, deferred decoding
+statistics equal to chunked ones, fast paths equal to the fully masked ones, only what a policy declares."""
+
+import pytest
+import torch
+
+from conftest import feed_chunks, tiny_qwen3
+from foresight.cache import BoundedCache
+from foresight.config import EvictionSettings
+from foresight.features import STAT_NAMES
+from foresight.policies import make_policy
+from foresight.policies.base import Policy
+from foresight.rollout import rollout
+
+
+class _ReadsAll(Policy):
+    """Scores like ``inner`` but declares nothing, so the cache computes every statistic."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def score(self, view):
+        return self.inner.score(view)
+
+
+def test_statistics_match_dense_attention():
+    """At the first eviction every statistic equals the one computed from the dense attention matrix."""
+    m = tiny_qwen3()
+    eager = tiny_qwen3()
+    eager.set_attn_implementation("eager")
+    B, L = 40, 32
+    ids = torch.randint(8, 170, (1, B + L))
+    views = []
+    c = BoundedCache(m.config, make_policy("h2o"), EvictionSettings(budget=B, interval=L),
+                     recorder=lambda s: views.append(s["view"]))
+    with torch.no_grad():
+        feed_chunks(m, c, ids)
+        m(input_ids=torch.randint(8, 170, (1, 1)), cache=c, use_cache=True)  # triggers the eviction
+        att = eager(ids, output_attentions=True).attentions  # per layer [1, Hq, S, S]
+    v = views[0]
+    assert v.keys.shape[3] == B + L
+    for layer, A in enumerate(att):
+        A = A[0].view(2, 2, B + L, B + L)  # [kv, g, q, k]
+        blk = A[:, :, B:]
+        seen = torch.ones_like(blk, dtype=torch.bool)
+        seen &= torch.arange(B + L)[None, None, None, :] <= torch.arange(B, B + L)[None, None, :, None]
+        ref = {"sum": blk.sum(2), "max": blk.amax(2), "min": blk.masked_fill(~seen, float("inf")).amin(2),
+               "w8": blk[:, :, -8:].sum(2), "w16": blk[:, :, -16:].sum(2), "w32": blk[:, :, -32:].sum(2),
+               "cum": A.sum(2), "decay": blk.sum(2), "w1": blk[:, :, -1]}
+        for name in list(STAT_NAMES) + ["w1"]:
+            got = v.stats[name][layer, 0]
+            assert torch.allclose(got, ref[name], atol=1e-5), (layer, name)
+
+
+def test_deferred_decoding_statistics_equal_chunked_ones():
+    """Token-by-token decoding defers its statistics to the eviction; they equal the chunked rollout's."""
+    m = tiny_qwen3()
+    ids = torch.randint(8, 170, (2, 90))
+    got = {}
+    for mode in ("chunks", "tokens"):
+        views = []
+        c = BoundedCache(m.config, make_policy("h2o"), EvictionSettings(budget=24, interval=8),
+                         recorder=lambda s: views.append(s["view"]))
+        with torch.no_grad():
+            if mode == "chunks":
+                feed_chunks(m, c, ids)
+            else:
+                for t in range(ids.shape[1]):
+                    m(input_ids=ids[:, t:t + 1], cache=c, use_cache=True)
+        got[mode] = views
+    assert len(got["chunks"]) == len(got["tokens"]) > 5
+    for a, b in zip(got["chunks"], got["tokens"]):
+        assert torch.equal(a.token, b.token)
+        for name in a.stats:
+            assert torch.allclose(a.stats[name], b.stats[name], atol=1e-5), name
+
+
+@pytest.mark.parametrize("B,L", [(24, 8), (64, 32)])
+def test_fast_causal_path_equals_fully_masked_path(B, L):
+    """Without padding only the newest block is masked; the statistics equal those of the fully masked path that
+    padded batches take (chunks and replayed decoding queries alike). With L >= 32 the window sums take their own
+    fast path too (the 32 kept queries are then the newest 32 slots)."""
+    m = tiny_qwen3()
+    S, cut = max(100, 4 * B), max(60, 2 * B + 12)  # chunks up to `cut`, then token-by-token decoding
+    ids = torch.randint(8, 170, (2, S))
+    got = {}
+    for full_mask in (False, True):
+        views = []
+        c = BoundedCache(m.config, make_policy("h2o"), EvictionSettings(budget=B, interval=L),
+                         recorder=lambda s: views.append(s["view"]))
+        c.padded = full_mask
+        with torch.no_grad():
+            feed_chunks(m, c, ids[:, :cut])
+            for t in range(cut, S):
+                m(input_ids=ids[:, t:t + 1], cache=c, use_cache=True)
+        got[full_mask] = views
+    assert len(got[False]) == len(got[True]) > 3
+    for a, b in zip(got[False], got[True]):
+        assert torch.equal(a.token, b.token)
+        assert set(a.stats) == set(b.stats) >= set(STAT_NAMES)
+        for name in a.stats:
+            assert torch.allclose(a.stats[name], b.stats[name], atol=1e-6), name
+
+
+def test_window_statistics_are_lazy_and_a_stale_view_refuses_them(qwen3):
+    c = BoundedCache(qwen3.config, _ReadsAll(make_policy("h2o")), EvictionSettings(budget=24, interval=8))
+    with torch.no_grad():
+        feed_chunks(qwen3, c, torch.randint(8, 170, (1, 30)))
+    v = c.view()
+    assert "w8" not in v.stats and "sum" in v.stats  # an eviction reading only `cum` never computed the window sums
+    early = c.view()
+    assert v.stats["w8"].shape == v.stats["sum"].shape and "w32" in v.stats
+    with torch.no_grad():
+        feed_chunks(qwen3, c, torch.randint(8, 170, (1, 10)))  # an eviction happens
+    with pytest.raises(RuntimeError, match="stale"):
+        early.stats["w8"]
+
+
+@pytest.mark.parametrize("name", ["streamingllm", "h2o", "tova", "snapkv", "scissorhands"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_policy_gets_what_it_declares_and_skipping_the_rest_changes_nothing(name, padded):
+    """The cache accumulates only the statistics a policy declares (StreamingLLM: none, so fused attention); the
+    evictions and per-token losses equal those of a run that computes everything."""
+    m = tiny_qwen3()
+    ids = torch.randint(8, 170, (2, 150))
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    if padded:
+        mask[0, :7] = False
+    sinks = 4 if name == "streamingllm" else 0
+    kept, losses, caches = [], [], []
+    for pol in (make_policy(name), _ReadsAll(make_policy(name))):
+        losses.append(rollout(m, ids, pol, EvictionSettings(budget=48, interval=16, sinks=sinks), attention_mask=mask).token_loss)
+    for pol in (make_policy(name), _ReadsAll(make_policy(name))):
+        c = BoundedCache(m.config, pol, EvictionSettings(budget=48, interval=16, sinks=sinks))
+        with torch.no_grad():
+            s = 0
+            while s < ids.shape[1]:
+                q = c.next_chunk(ids.shape[1] - s)
+                m(input_ids=ids[:, s:s + q], cache=c, use_cache=True, **c.feed(mask[:, s:s + q]))
+                s += q
+            for t in range(20):  # decoding steps: deferred statistics only where declared
+                m(input_ids=ids[:, t:t + 1], cache=c, use_cache=True, **c.feed(torch.ones(2, 1, dtype=torch.bool)))
+        kept.append(c.token[..., :c.n].clone())
+        caches.append(c)
+    assert torch.equal(kept[0], kept[1])
+    assert torch.allclose(losses[0], losses[1], atol=1e-5)
+    declared, everything = caches[0].view().stats, caches[1].view().stats
+    assert set(everything) >= {"max", "sum", "cum", "decay"}
+    if name == "streamingllm":
+        assert caches[0].needs == frozenset() and caches[0].stats.n_pending == 0  # no decoding query kept for statistics
+    if name == "h2o":
+        assert torch.allclose(declared["cum"], everything["cum"], atol=1e-6)
+    if name != "h2o":
+        with pytest.raises(KeyError, match=f"'{name}'.*reads"):
+            declared["cum"]
+    with pytest.raises(KeyError, match="was not computed"):
+        declared["max"]
+
+
+def test_a_policy_declaring_an_unknown_statistic_is_refused(qwen3):
+    class Odd(Policy):
+        name, reads = "odd", frozenset({"cum", "w64"})
+
+    with pytest.raises(ValueError, match="w64"):
+        BoundedCache(qwen3.config, Odd(), EvictionSettings(budget=24, interval=8))
