@@ -17,18 +17,9 @@ the cache keeps these statistics (all from post-softmax attention probabilities,
 ``decay``   decayed running sum, updated once per block: ``decay ← 0.9 · decay + sum`` at each eviction
 ==========  =================================================================================================
 
-``max``, ``min``, ``sum`` and ``cum`` are accumulated inside every attention call from that call's queries
-against the cached keys (no sequence×sequence tensor: a call sees at most L queries × (B+L) keys). The
-window sums use the last 32 queries, which the cache keeps: at eviction time their attention rows are
-recomputed against the same keys under the same causal rule, which reproduces exactly the probabilities they
-had (keys added later are masked, and nothing was evicted in between when L ≥ 32). ``w1`` (the newest query
-alone, TOVA's statistic) is available to policies but not part of the scorer features, nor is ``pivot32``
-(Scissorhands' count of the last 32 queries for which a key got at least the uniform share 1/visible).
-
-A policy declares what it reads (``Policy.reads``) and the cache computes only that: H2O's ``cum`` needs the sums
-but no max or min; StreamingLLM, Knorm, KeyDiff and random read nothing, so their attention runs as fused SDPA
-with no statistics at all. A policy that declares nothing gets everything, and so does a cache with a recorder
-(golden trajectories record every statistic for the scorers).
+Also for policies, not scorer features: ``w1`` (the newest query alone, TOVA's) and ``pivot32`` (Scissorhands' count
+of the last 32 queries for which a key got at least the uniform share 1/visible). How they are accumulated, and only
+as far as a policy reads them (``Policy.reads``): :mod:`foresight.statistics`.
 """
 
 from __future__ import annotations

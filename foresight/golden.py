@@ -20,12 +20,6 @@ queries attend to all keys so far (``[heads, L, S]`` at a time, never ``S × S``
 ``a_u`` are kept: ``n_blocks × kv_heads × S`` values per layer, i.e. ``kv_heads·S²/L``, which is within
 ``O(heads · L · S)`` as long as ``S ≤ L²`` (32k tokens, L=256: 67 M values per layer). The suffix max over
 blocks is taken in place.
-
-Labels are computed on the fly (at the start of SFT for every training trace; the tiny recipe keeps the
-golden-trajectory features in memory, GPU recipes recompute them per step). Were they stored, the future
-scores of the candidates alone for one 32k-token Qwen3-4B trace (36 layers, 8 KV heads, B=1024, L=256,
-124 eviction steps, 1,280 slots, fp16) would take 36·8·124·1280·2 B ≈ 91 MB (< 1 GB); the full per-step
-scorer inputs (288 values per slot) would take ≈ 26 GB, which is why they are recomputed instead.
 """
 
 from __future__ import annotations

@@ -13,9 +13,7 @@
   candidates, which is not the law it samples from). It is recomputed for the updated scorers from the stored
   per-step scorer inputs, without re-running the LLM, over the behaviour policy's Top-2L window (the window
   is a deterministic truncation, held fixed like top-k truncation in language-model RL, so an updated policy
-  never assigns a drawn action probability 0). Memory for that: steps × layers × G × kv_heads ×
-  (B+L) × D_in floats per trace — for Qwen3-4B at 32k (124 steps, 36 layers, G=8, 8 heads, 1,280 slots,
-  D_in=288, bf16) about 21 GB per trace, so the GPU recipes keep them in CPU memory and stream them per step.
+  never assigns a drawn action probability 0).
 * **Objective** (minimised), per row with ratio ``ρ = exp(log π_θ − log π_old)``::
 
       −min(ρ·A, clip(ρ, 1−ε, 1+ε)·A) + β·k3,    k3 = exp(δ) − δ − 1,   δ = (log π_ref − log π_θ) / L
@@ -26,10 +24,6 @@
 
   averaged over rows, steps and traces, optimised for ``grpo.epochs`` (μ ≥ 1) passes over each batch so the
   clip can act. ``π_ref`` is the frozen SFT scorer bank.
-
-TRL's ``GRPOTrainer`` expects a text-generating language model as the policy (it samples completions and
-scores tokens), so it does not fit scorers whose actions are eviction sets; we reuse TRL's utilities
-(``nanstd``) and its GRPO semantics (group-normalised advantages, clipped ratio, k3 KL) instead.
 """
 
 from __future__ import annotations
