@@ -178,6 +178,7 @@ class EvalConfig:
     do_sample: bool = False
     seed: int = 0
     protect_prompt: bool = False
+    cache_references: bool = True  # keep the full-cache reference traces on disk ($FORESIGHT_CACHE) and reuse them
 
 
 @dataclass

@@ -22,138 +22,55 @@ command gives the same numbers.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import time
 from pathlib import Path
-from typing import Callable
 
 import torch
 
-from foresight import prompts
-from foresight.checkpoint import load_scorer, method_name, policy_from_checkpoint, record_eval
+from foresight import atomic, prompts
+from foresight.checkpoint import record_eval
 from foresight.config import EvictionSettings, parse_budgets
 from foresight.generate import Decoding, generate
 from foresight.golden import GoldenPolicy, block_pooled_attention
 from foresight.kvpop.target import KVpopOraclePolicy, kvpop_oracle_priorities
 from foresight.models import load_model
-from foresight.policies import make_policy
+from foresight.methods import Method, build_methods
+from foresight.references import make_batch, reference_traces, stack_padded, trace_batches
+from foresight.report import bootstrap_ci, results_table
 from foresight.reward import low_entropy_mask
 from foresight.rollout import rollout
 from foresight.selection import topk_overlap
 
-STREAMING_SINKS = 4
 
-
-@dataclasses.dataclass(frozen=True)
-class Method:
-    """One evaluated method, complete from construction on.
-
-    ``kind``: ``full`` (no eviction), ``golden`` and ``kvpop-oracle`` (teacher-forced only: they need the future),
-    or ``policy`` (a heuristic or a trained scorer). ``make_policy`` builds a fresh policy for every run (None for
-    the full cache)."""
-
-    name: str
-    kind: str = "policy"
-    make_policy: Callable | None = None
-    protect_prompt: bool = False
-    sinks: int = 0
-    stateful: bool = False  # a scorer that must observe every pair (KVpop's mLSTM): no recall along golden's path
-    checkpoint: Path | None = None  # a scorer checkpoint, whose model card records the evaluation
-
-    @property
-    def is_full(self) -> bool:
-        return self.kind == "full"
-
-    @property
-    def teacher_forced_only(self) -> bool:
-        return self.kind in ("golden", "kvpop-oracle")
-
-    def settings(self, budget: int, interval: int, overflow: str) -> EvictionSettings:
-        """The eviction settings of this method at B:L (top-L selection)."""
-        return EvictionSettings(budget=budget, interval=interval, sinks=self.sinks, protect_prompt=self.protect_prompt,
-                                prompt_overflow=overflow)
-
-
-def build_methods(names: list[str], scorer_dirs: list, model, protect_all: bool) -> list[Method]:
-    out = []
-    for n in names:
-        n = n.strip()
-        if not n:
-            continue
-        if n == "full":
-            out.append(Method("full", "full", make_policy=lambda: None))
-        elif n in ("golden", "kvpop-oracle"):  # kvpop-oracle: KVpop's teacher under the recipe's kvpop layout
-            out.append(Method(n, n, protect_prompt=protect_all))
-        elif n == "random-keep-prompt":
-            out.append(Method(n, make_policy=lambda: make_policy("random"), protect_prompt=True))
-        else:
-            make_policy(n)  # validates the name
-            out.append(Method(n, make_policy=lambda name=n: make_policy(name), protect_prompt=protect_all,
-                              sinks=STREAMING_SINKS if n == "streamingllm" else 0))
-    seen = {m.name for m in out}
-    for d in scorer_dirs:
-        bank, cfg = load_scorer(d, model)
-        name = method_name(cfg)
-        if name in seen:
-            name = f"{name}({Path(d).name})"
-        seen.add(name)
-        out.append(Method(name, make_policy=lambda b=bank, c=cfg, nm=name: policy_from_checkpoint(b, c, nm),
-                          protect_prompt=protect_all, stateful=bool(getattr(bank, "stateful", False)),
-                          checkpoint=Path(d)))
-    return out
-
-
-def reference_traces(recipe, model, tok, problems, device):
-    """Full-cache greedy traces of the held-out problems, with their per-token loss and entropy."""
-    refs = []
-    decoding = Decoding.from_recipe(recipe.traces, tok, do_sample=False)
-    for p in problems:
-        ids = prompts.encode(p, tok)
-        g = generate(model, torch.tensor([ids], device=device), max_new_tokens=recipe.traces.max_new_tokens,
-                     decoding=decoding)
-        new = decoding.truncate(g.new_tokens[0].tolist())
-        seq = torch.tensor([ids + new], device=device)
-        full = rollout(model, seq)
-        refs.append({"ids": seq, "prompt_len": len(ids), "loss": full.token_loss[0], "entropy": full.token_entropy[0],
-                     "correct": prompts.check(recipe, new, tok.decode(new, skip_special_tokens=True), p.answer)})
-    return refs
-
-
-def group_refs(refs: list[dict]) -> list[dict]:
-    """Batch the reference traces that share (length, prompt length): one rollout per group."""
-    groups: dict = {}
-    for j, r in enumerate(refs):
-        groups.setdefault((r["ids"].shape[1], r["prompt_len"]), []).append(j)
-    out = []
-    for (S, P), idx in sorted(groups.items()):
-        out.append({"members": idx, "prompt_len": P, "ids": torch.cat([refs[j]["ids"] for j in idx]),
-                    "loss": torch.stack([refs[j]["loss"] for j in idx]),
-                    "entropy": torch.stack([refs[j]["entropy"] for j in idx])})
-    return out
-
-
-def teacher_forced(method: Method, model, grp, settings: EvictionSettings, seed: int, future=None, kvpop_cfg=None):
-    """Per-token losses [b, S] of a group of traces under the method, and the mean pairs held."""
+def teacher_forced(method: Method, model, batch: dict, settings: EvictionSettings, seed: int, future=None,
+                   priorities=None):
+    """Per-token losses [b, S] of a batch of traces under the method, and the mean pairs held per row [b]."""
     if method.is_full:
-        return grp["loss"], float(grp["ids"].shape[1])
+        return batch["loss"], torch.tensor(batch["lengths"], dtype=torch.float32)
     if method.kind == "kvpop-oracle":
-        if "kvpop_prio" not in grp:
-            grp["kvpop_prio"] = kvpop_oracle_priorities(model, grp["ids"], kvpop_cfg)
-        pol = KVpopOraclePolicy(grp["kvpop_prio"], kvpop_cfg.window, kvpop_cfg.sinks)
+        pol = KVpopOraclePolicy(priorities, *method.layout)
     else:
         pol = GoldenPolicy(future) if method.kind == "golden" else method.make_policy()
-    gen = torch.Generator(device=grp["ids"].device).manual_seed(seed)
-    res = rollout(model, grp["ids"], pol, settings, prompt_len=grp["prompt_len"], generator=gen)
-    return res.token_loss, res.mean_held
+    gen = torch.Generator(device=batch["ids"].device).manual_seed(seed)
+    res = rollout(model, batch["ids"], pol, settings, prompt_len=batch["prompt_lens"][0],
+                  attention_mask=batch["mask"], generator=gen)
+    return res.token_loss, res.held_per_row.cpu()
 
 
-def recall_vs_golden(method: Method, model, grp, settings: EvictionSettings, future, seed) -> list[float]:
-    """Per golden step: |method's top-L ∩ golden's L| / L along the golden trajectory (all rows, layers, heads)."""
+def eviction_steps(length: int, prefix: int, settings: EvictionSettings) -> int:
+    """How many evictions a trace of ``length`` tokens goes through alone (one per L tokens past prefix + B + L)."""
+    over = length - (prefix + settings.budget + settings.interval)
+    return max(0, -(-over // settings.interval))
+
+
+def recall_vs_golden(method: Method, model, batch: dict, settings: EvictionSettings, future, seed) -> list[float]:
+    """Per trace and golden step: |method's top-L ∩ golden's L| / L along the golden trajectory (layers, heads)."""
     if method.is_full or method.teacher_forced_only or method.stateful:
         return []  # a stateful scorer (KVpop mLSTM) cannot score a trajectory it did not observe
     pol = method.make_policy()
-    gen = torch.Generator(device=grp["ids"].device).manual_seed(seed)
+    gen = torch.Generator(device=batch["ids"].device).manual_seed(seed)
+    prefix = batch["prompt_lens"][0] if settings.protect_prompt else 0
+    steps = [eviction_steps(n, prefix, settings) for n in batch["lengths"]]
     hits = []
 
     def rec(st):
@@ -161,10 +78,11 @@ def recall_vs_golden(method: Method, model, grp, settings: EvictionSettings, fut
         v.generator = gen
         s = pol.score(v).float().masked_fill(~st["evictable"], float("-inf"))
         mine = s.topk(st["chosen"].shape[-1], -1).indices
-        hits.append(topk_overlap(mine, st["chosen"]).mean().item())
+        per_row = topk_overlap(mine, st["chosen"]).mean((0, 2))  # [b]
+        hits.extend(per_row[r].item() for r in range(len(steps)) if st["step"] < steps[r])
 
-    rollout(model, grp["ids"], GoldenPolicy(future), settings.replace(prompt_overflow="evict"),
-            prompt_len=grp["prompt_len"], recorder=rec)
+    rollout(model, batch["ids"], GoldenPolicy(future), settings.replace(prompt_overflow="evict"),
+            prompt_len=batch["prompt_lens"][0], attention_mask=batch["mask"], recorder=rec)
     return hits
 
 
@@ -188,22 +106,50 @@ def accuracy(method: Method, recipe, model, tok, problems, budget: int, interval
     return correct / (n * len(problems)), n
 
 
-def loss_increases(loss, grp, protected: int, budget: int, interval: int):
-    """Per-token loss increase (evicted − full) after the first eviction, on the low-entropy tokens (the lowest
-    80% by full-cache entropy) and on the rest: two lists of per-row tensors."""
-    low_d, high_d = [], []
-    S = grp["ids"].shape[1]
-    start = min(protected + budget + interval + 1, S)
-    for r in range(loss.shape[0]):
-        low = low_entropy_mask(grp["entropy"][r], start, 0.8)
-        after = torch.zeros_like(low)
-        after[start:] = True
-        delta = loss[r] - grp["loss"][r]
-        if low.any():
-            low_d.append(delta[low])
-        if (after & ~low).any():
-            high_d.append(delta[after & ~low])
-    return low_d, high_d
+def loss_increases(loss, full_loss, entropy, start: int):
+    """One trace's per-token loss increase (evicted − full) after the first eviction (token ``start``), on the
+    low-entropy tokens (the lowest 80% by full-cache entropy) and on the rest."""
+    low = low_entropy_mask(entropy, start, 0.8)
+    after = torch.zeros_like(low)
+    after[start:] = True
+    delta = loss - full_loss
+    return delta[low], delta[after & ~low]
+
+
+class TraceMetrics:
+    """Per-trace sums of one (method, budget) row, and the row they add up to (with bootstrap intervals)."""
+
+    def __init__(self):
+        self.evicted, self.full, self.held, self.recalls = [], [], [], []
+        self.low, self.high = [], []  # per trace: (sum of increases, tokens)
+
+    def add(self, loss, held, batch: dict, protected: bool, settings: EvictionSettings) -> None:
+        for r, (S, p) in enumerate(zip(batch["lengths"], batch["prompt_lens"])):
+            self.evicted.append(loss[r, p:S].sum().item())
+            self.full.append(batch["loss"][r, p:S].sum().item())
+            start = min((p if protected else 0) + settings.budget + settings.interval + 1, S)
+            low, high = loss_increases(loss[r, :S], batch["loss"][r, :S], batch["entropy"][r, :S], start)
+            self.low.append((low.sum().item(), low.numel()))
+            self.high.append((high.sum().item(), high.numel()))
+            self.held.append(float(held[r]))
+
+    def row(self, seed: int) -> dict:
+        def mean_of(pairs):
+            n = sum(c for _, c in pairs)
+            return round(sum(v for v, _ in pairs) / n, 5) if n else 0.0
+
+        def ci(pairs):
+            kept = [(v, c) for v, c in pairs if c]
+            return bootstrap_ci([v for v, _ in kept], [c for _, c in kept], seed) if kept else None
+
+        return {"loss_ratio": round(sum(self.evicted) / max(sum(self.full), 1e-12), 5),
+                "loss_ratio_ci": bootstrap_ci(self.evicted, self.full, seed),
+                "low_entropy_loss_increase": mean_of(self.low), "low_entropy_loss_increase_ci": ci(self.low),
+                "high_entropy_loss_increase": mean_of(self.high), "high_entropy_loss_increase_ci": ci(self.high),
+                "recall_at_L": None if not self.recalls else round(sum(self.recalls) / len(self.recalls), 4),
+                "mean_cache": round(sum(self.held) / len(self.held), 1),
+                "per_trace": {"evicted_loss": [round(x, 5) for x in self.evicted],
+                              "full_loss": [round(x, 5) for x in self.full]}}
 
 
 def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True, log=print) -> list[dict]:
@@ -215,7 +161,8 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
     budget_list = parse_budgets(budgets or eval_cfg.budgets)
     model, tok = load_model(recipe.model)
     device = next(model.parameters()).device
-    meths = build_methods((methods or eval_cfg.methods).split(","), list(scorers), model, eval_cfg.protect_prompt)
+    meths = build_methods((methods or eval_cfg.methods).split(","), list(scorers), model, eval_cfg.protect_prompt,
+                          (recipe.kvpop.window, recipe.kvpop.sinks))
     # held-out problems: synthetic seeds from traces.heldout_offset, or the dataset rows after the training prompts
     start = recipe.traces.heldout_offset if recipe.traces.prompt_dataset is None else recipe.traces.num_prompts
     problems = prompts.load_prompts(recipe, start, eval_cfg.num_problems, tok)
@@ -223,68 +170,71 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
         raise ValueError(f"no held-out problems: the prompt dataset has no rows after the first {start}")
     t0 = time.time()
     log(f"[eval] {len(problems)} held-out problems; reference full-cache traces ...")
-    refs = reference_traces(recipe, model, tok, problems, device)
-    rows = []
-    from tqdm import tqdm
+    refs = reference_traces(recipe, model, tok, problems, device, use_cache=eval_cfg.cache_references, log=log)
+    bs = max(1, recipe.traces.batch_size)
+    batchings = {flag: [make_batch(refs, b, tok.pad_token_id) for b in trace_batches(refs, bs, flag)]
+                 for flag in (False, True)}
+    futures, priorities = {}, {}
 
-    jobs = [(m, B, L) for (B, L) in budget_list for m in meths]
-    bar = tqdm(jobs, desc="eval", disable=not progress)
-    groups = group_refs(refs)
-    goldens = {}
+    def future_for(batch, B, L):
+        for i in batch["members"]:
+            if (i, B, L) not in futures:
+                blocks = EvictionSettings(budget=B, interval=L)
+                futures[(i, B, L)] = block_pooled_attention(model, refs[i]["ids"], blocks,
+                                                            recipe.sft.golden_pool).future()
+        return stack_padded([futures[(i, B, L)] for i in batch["members"]], (1, 3))
 
-    def golden_for(gi, B, L):
-        if (gi, B, L) not in goldens:
-            blocks = EvictionSettings(budget=B, interval=L)
-            goldens[(gi, B, L)] = torch.stack([
-                block_pooled_attention(model, refs[j]["ids"], blocks, recipe.sft.golden_pool).future()
-                for j in groups[gi]["members"]])
-        return goldens[(gi, B, L)]
+    def priorities_for(batch):
+        for i in batch["members"]:
+            if i not in priorities:
+                priorities[i] = kvpop_oracle_priorities(model, refs[i]["ids"], recipe.kvpop)[0]
+        return stack_padded([priorities[i] for i in batch["members"]], (2,))
 
     max_prompt = max(r["prompt_len"] for r in refs)
     overflow = recipe.cache.prompt_overflow
-    for m, B, L in bar:
+    from tqdm import tqdm
+
+    jobs = [(m, B, L) for (B, L) in budget_list for m in meths]
+    bar = tqdm(total=sum(len(batchings[m.protect_prompt]) + 1 for m, _, _ in jobs), desc="eval", disable=not progress)
+    rows = []
+    meta = {"recipe": recipe.name, "model": recipe.model.path, "num_problems": len(problems),
+            "full_cache_trace_accuracy": None if recipe.task.kind == "none" else
+            sum(bool(r["correct"]) for r in refs) / len(refs),
+            "mean_trace_length": sum(r["ids"].shape[1] for r in refs) / len(refs),
+            "mean_prompt_length": sum(r["prompt_len"] for r in refs) / len(refs)}
+    for m, B, L in jobs:
         bar.set_postfix(method=m.name, budget=f"{B}:{L}")
+        batches = batchings[m.protect_prompt]
         protect_label = m.protect_prompt
         if m.protect_prompt and max_prompt > B:
             if overflow == "error":
                 log(f"[eval] skipping {m.name} at B={B}: the prompt ({max_prompt} tokens) is longer than the budget "
                     "and is protected (set cache.prompt_overflow=evict to evict inside the prompt instead)")
+                bar.update(len(batches) + 1)
                 continue
             protect_label = "fallback"
         settings = m.settings(B, L, overflow)
-        tot_e = tot_f = 0.0
-        low_d, high_d, held, recalls = [], [], [], []
-        for gi, grp in enumerate(groups):
-            future = None if m.is_full else golden_for(gi, B, L)
-            seed = eval_cfg.seed * 7919 + gi
-            loss, mean_held = teacher_forced(m, model, grp, settings, seed, future, recipe.kvpop)
-            p = grp["prompt_len"]
-            tot_e += loss[:, p:].sum().item()
-            tot_f += grp["loss"][:, p:].sum().item()
-            low, high = loss_increases(loss, grp, p if protect_label is True else 0, B, L)
-            low_d += low
-            high_d += high
-            held.append(mean_held)
+        metrics = TraceMetrics()
+        for bi, batch in enumerate(batches):
+            future = None if m.is_full else future_for(batch, B, L)
+            prio = priorities_for(batch) if m.kind == "kvpop-oracle" else None
+            seed = eval_cfg.seed * 7919 + bi
+            loss, held = teacher_forced(m, model, batch, settings, seed, future, prio)
+            metrics.add(loss, held, batch, protect_label is True, settings)
             if future is not None:
-                recalls += recall_vs_golden(m, model, grp, settings, future, seed)
+                metrics.recalls += recall_vs_golden(m, model, batch, settings, future, seed)
+            bar.update(1)
         acc, n = accuracy(m, recipe, model, tok, problems, B, L, device)
-        row = {
-            "method": m.name, "budget": B, "interval": L, "protect_prompt": protect_label,
-            "loss_ratio": round(tot_e / max(tot_f, 1e-12), 5),
-            "low_entropy_loss_increase": round(torch.cat(low_d).mean().item(), 5) if low_d else 0.0,
-            "high_entropy_loss_increase": round(torch.cat(high_d).mean().item(), 5) if high_d else 0.0,
-            "accuracy": None if acc is None else round(acc, 4), "n_samples": n,
-            "recall_at_L": None if not recalls else round(sum(recalls) / len(recalls), 4),
-            "mean_cache": round(sum(held) / len(held), 1), "num_problems": len(problems),
-        }
-        rows.append(row)
-    full_acc = None if recipe.task.kind == "none" else sum(bool(r["correct"]) for r in refs) / len(refs)
-    meta = {"recipe": recipe.name, "model": recipe.model.path, "num_problems": len(problems),
-            "full_cache_trace_accuracy": full_acc, "mean_trace_length": sum(r["ids"].shape[1] for r in refs) / len(refs),
-            "mean_prompt_length": sum(r["prompt_len"] for r in refs) / len(refs), "seconds": round(time.time() - t0, 1)}
-    (out / "results.json").write_text(json.dumps(rows, indent=1))
-    (out / "meta.json").write_text(json.dumps(meta, indent=1))
-    (out / "results.md").write_text(results_table(rows, meta))
+        bar.update(1)
+        rows.append({"method": m.name, "budget": B, "interval": L, "protect_prompt": protect_label,
+                     "accuracy": None if acc is None else round(acc, 4), "n_samples": n,
+                     "num_problems": len(problems)} | metrics.row(eval_cfg.seed))
+        atomic.write_json(out / "results.json", rows, indent=1)  # each finished row is on disk at once
+    bar.close()
+    meta["seconds"] = round(time.time() - t0, 1)
+    atomic.write_json(out / "results.json", rows, indent=1)
+    atomic.write_json(out / "meta.json", meta, indent=1)
+    atomic.write_text(out / "results.md", results_table(rows, meta))
     for m in meths:  # the scorers' model cards carry their evaluation
         if m.checkpoint is not None:
             record_eval(m.checkpoint, rows, m.name)
@@ -295,34 +245,6 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
         next((m for m in meths if m.name == "golden"), None) or next((m for m in meths if not m.is_full), None)
     if best is not None and refs:
         B, L = budget_list[0]
-        future = goldens[(0, B, L)][0] if (0, B, L) in goldens else None
-        first = refs[groups[0]["members"][0]]
-        plots.eviction_map(model, first, best, B, L, future, out / "eviction_map.png")
+        plots.eviction_map(model, refs[0], best, B, L, futures.get((0, B, L)), out / "eviction_map.png")
     log(results_table(rows, meta))
     return rows
-
-
-def _prot(v) -> str:
-    return "fallback (prompt > B)" if v == "fallback" else ("yes" if v else "no")
-
-
-def _fmt(v, nd=3):
-    if v is None:
-        return "—"
-    if isinstance(v, float):
-        return f"{v:.{nd}f}"
-    return str(v)
-
-
-def results_table(rows, meta) -> str:
-    head = ("| method | prompt kept | B:L | loss ratio | Δloss low-H | Δloss high-H | accuracy | n | recall@L | "
-            "mean cache |\n|---|---|---|---|---|---|---|---|---|---|\n")
-    body = "".join(
-        f"| {r['method']} | {_prot(r['protect_prompt'])} | {r['budget']}:{r['interval']} | "
-        f"{_fmt(r['loss_ratio'], 4)} | {_fmt(r['low_entropy_loss_increase'])} | {_fmt(r['high_entropy_loss_increase'])} | "
-        f"{_fmt(r['accuracy'])} | {r['n_samples']} | {_fmt(r['recall_at_L'])} | {_fmt(r['mean_cache'], 1)} |\n"
-        for r in rows)
-    info = (f"\n{meta['num_problems']} held-out problems, mean trace {meta['mean_trace_length']:.0f} tokens "
-            f"(prompt {meta['mean_prompt_length']:.0f}); full-cache accuracy of the reference traces: "
-            f"{_fmt(meta['full_cache_trace_accuracy'])}.\n")
-    return head + body + info

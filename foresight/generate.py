@@ -67,11 +67,13 @@ class GenerationResult:
 @torch.no_grad()
 def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, max_new_tokens: int = 256,
              policy=None, settings: EvictionSettings | None = None, decoding: Decoding = Decoding(),
-             generator: torch.Generator | None = None, prefill_chunk: int = 1024) -> GenerationResult:
+             generator: torch.Generator | None = None, prefill_chunk: int = 1024,
+             row_generators: list | None = None) -> GenerationResult:
     """Generate up to ``max_new_tokens`` after the left-padded prompts ``input_ids`` [b, P] (``attention_mask``:
     0 = padding) with a bounded cache evicting by ``policy`` under ``settings`` (``policy=None``: the full cache,
     prefilled ``prefill_chunk`` tokens at a time). The prompt is protected with ``settings.protect_prompt``;
-    ``generator`` seeds sampling, the eviction sampler and random policies."""
+    ``generator`` seeds sampling, the eviction sampler and random policies; ``row_generators`` (one per row) seed
+    each row's sampling on its own, so that a row's tokens do not depend on the rest of the batch."""
     b, P = input_ids.shape
     dev = input_ids.device
     if attention_mask is None:
@@ -90,7 +92,11 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
         if decoding.do_sample:
             filt = filter_logits(logits.float() / max(decoding.temperature, 1e-6), decoding.top_k, decoding.top_p)
             probs = filt.softmax(-1)
-            tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            if row_generators is None:
+                tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            else:
+                tok = torch.cat([torch.multinomial(probs[i:i + 1], 1, generator=g)[:, 0]
+                                 for i, g in enumerate(row_generators)])
         else:
             tok = logits.argmax(-1)
         tok = torch.where(done, torch.full_like(tok, decoding.pad_token_id), tok)

@@ -36,6 +36,7 @@ class RolloutResult:
     token_entropy: torch.Tensor  # [b, S]
     mean_held: float  # mean slots held per (layer, sequence, head) over the fed tokens
     peak_slots: int
+    held_per_row: torch.Tensor  # [b] the same over each row's real (not padding) tokens
 
 
 def make_cache(model, policy, settings: EvictionSettings | None, prompt_len: int | None = None, recorder=None,
@@ -83,7 +84,7 @@ def rollout(model, input_ids: torch.Tensor, policy=None, settings: EvictionSetti
         attention_mask = torch.ones_like(input_ids, dtype=torch.bool)
     attention_mask = attention_mask.bool()
     prev_logits = None
-    held_sum = 0.0
+    held_sum, held_rows = 0.0, torch.zeros(b, device=dev)
     for s, end, logits in forward_chunks(model, cache, input_ids, attention_mask, chunk):
         q = end - s
         if prev_logits is not None:  # the previous chunk's last position predicts this chunk's first token
@@ -96,9 +97,11 @@ def rollout(model, input_ids: torch.Tensor, policy=None, settings: EvictionSetti
         prev_logits = logits[:, -1:]
         held = cache.n if policy is not None else end
         held_sum += held * q
+        real = attention_mask[:, s:end].sum(1)  # a row's own tokens in the chunk: slots it holds after them
+        held_rows += (held - q + real) * real
     valid = attention_mask.clone()
     valid[:, 1:] &= attention_mask[:, :-1]  # a token predicted from padding alone does not count
     valid[:, 0] = False
     loss, ent = loss * valid, ent * valid
     peak = cache.peak_slots if policy is not None else S
-    return RolloutResult(loss, ent, held_sum / max(S, 1), peak)
+    return RolloutResult(loss, ent, held_sum / max(S, 1), peak, held_rows / attention_mask.sum(1).clamp(min=1))

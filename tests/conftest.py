@@ -16,6 +16,20 @@ from foresight.attention import use_foresight_attention
 torch.set_num_threads(2)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _reference_cache(tmp_path_factory):
+    """Evaluation's reference-trace cache in a folder of the test session, never the user's."""
+    import os
+
+    old = os.environ.get("FORESIGHT_CACHE")
+    os.environ["FORESIGHT_CACHE"] = str(tmp_path_factory.mktemp("foresight-cache"))
+    yield
+    if old is None:
+        os.environ.pop("FORESIGHT_CACHE", None)
+    else:
+        os.environ["FORESIGHT_CACHE"] = old
+
+
 def tiny_qwen3(seed: int = 0, layers: int = 2, kv_heads: int = 2, heads: int = 4, head_dim: int = 16):
     torch.manual_seed(seed)
     cfg = Qwen3Config(vocab_size=len(ledger.VOCAB), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,

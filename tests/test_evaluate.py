@@ -1,5 +1,8 @@
 import json
 
+import pytest
+import torch
+
 from foresight.config import load_recipe
 from foresight.evaluate import run_eval
 from foresight.sft import train_sft
@@ -43,3 +46,71 @@ def test_eval_writes_results_tables_and_plots_reproducibly(tiny_model_dir, tmp_p
     card = (tmp_path / "sft" / "README.md").read_text()
     assert "## Evaluation" in card and "12:4" in card  # the model card carries the scorer's eval rows
     assert json.loads((tmp_path / "sft" / "config.json").read_text())["eval"][0]["method"] == "foresight-sft"
+
+
+def _refs(model, lengths, prompt_len=6):
+    from foresight.rollout import rollout
+
+    refs = []
+    g = torch.Generator().manual_seed(3)
+    for S in lengths:
+        ids = torch.randint(8, 170, (1, S), generator=g)
+        full = rollout(model, ids)
+        refs.append({"ids": ids, "prompt_len": prompt_len, "loss": full.token_loss[0], "entropy": full.token_entropy[0],
+                     "correct": None})
+    return refs
+
+
+def test_batched_unequal_traces_equal_one_by_one(qwen3):
+    """Right-padded batches of traces of different lengths give every trace the per-token losses, pairs held and
+    golden recall it gets alone (fp32, 1e-5)."""
+    from foresight.golden import block_pooled_attention
+    from foresight.evaluate import recall_vs_golden, teacher_forced
+    from foresight.methods import build_methods
+    from foresight.references import make_batch, stack_padded, trace_batches
+
+    refs = _refs(qwen3, [70, 83, 64, 91, 77])
+    assert trace_batches(refs, 3, False) == [[2, 0, 4], [1, 3]]  # by length, at most 3, spread <= 1.25
+    for m in build_methods(["golden", "h2o", "tova", "snapkv", "streamingllm", "random-keep-prompt"], [], qwen3,
+                           False):
+        settings = m.settings(24, 8, "evict")
+        fut = {i: block_pooled_attention(qwen3, r["ids"], settings).future() for i, r in enumerate(refs)}
+        batch = make_batch(refs, [0, 1, 2, 3, 4], 0)
+        F = stack_padded([fut[i] for i in range(5)], (1, 3))
+        loss, held = teacher_forced(m, qwen3, batch, settings, 0, F)
+        recall = recall_vs_golden(m, qwen3, batch, settings, F, 0)
+        alone_recall = []
+        for i, r in enumerate(refs):
+            one = make_batch(refs, [i], 0)
+            l1, h1 = teacher_forced(m, qwen3, one, settings, 0, fut[i][None])
+            S = r["ids"].shape[1]
+            if m.name != "random-keep-prompt":  # random draws depend on the batch
+                assert torch.allclose(loss[i, :S], l1[0], atol=1e-5), (m.name, i)
+                assert abs(float(held[i]) - float(h1[0])) < 1e-4, (m.name, i)
+            assert (loss[i, S:] == 0).all()
+            alone_recall += recall_vs_golden(m, qwen3, one, settings, fut[i][None], 0)
+        if m.name != "random-keep-prompt":
+            assert sorted(round(x, 5) for x in recall) == sorted(round(x, 5) for x in alone_recall), m.name
+
+
+def test_references_are_seeded_per_prompt_batched_and_cached(tiny_model_dir, monkeypatch):
+    from foresight import prompts, references
+    from foresight.models import load_model
+
+    sets = [f"model.path={tiny_model_dir}", *SETS[:4], "traces.max_new_tokens=12", "eval.do_sample=true",
+            "traces.temperature=1.0", "traces.top_k=0", "traces.top_p=1.0"]
+    r = load_recipe("recipes/tiny-qwen3.yaml", sets + ["traces.batch_size=3"])
+    model, tok = load_model(r.model)
+    problems = prompts.load_prompts(r, r.traces.heldout_offset, 3, tok)
+    batched = references.reference_traces(r, model, tok, problems, "cpu", use_cache=False, log=lambda *_: None)
+    r1 = load_recipe("recipes/tiny-qwen3.yaml", sets + ["traces.batch_size=1"])
+    alone = references.reference_traces(r1, model, tok, problems, "cpu", use_cache=True, log=lambda *_: None)
+    for a, b in zip(batched, alone):  # a sampled row does not depend on the batch it ran in
+        assert torch.equal(a["ids"], b["ids"]) and torch.allclose(a["loss"], b["loss"], atol=1e-5)
+    assert len({tuple(x["ids"][0].tolist()) for x in alone}) == 3
+    monkeypatch.setattr(references, "generate", lambda *a, **k: (_ for _ in ()).throw(AssertionError("generated")))
+    again = references.reference_traces(r, model, tok, problems, "cpu", use_cache=True, log=lambda *_: None)
+    assert all(torch.equal(a["ids"], b["ids"]) and torch.equal(a["loss"], b["loss"]) for a, b in zip(again, alone))
+    other = load_recipe("recipes/tiny-qwen3.yaml", sets + ["traces.max_new_tokens=13"])
+    with pytest.raises(AssertionError, match="generated"):  # another trace length is another reference
+        references.reference_traces(other, model, tok, problems, "cpu", use_cache=True, log=lambda *_: None)

@@ -1,0 +1,76 @@
+"""The methods ``foresight eval`` compares: one dataclass each, complete from construction on."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Callable
+
+from foresight.checkpoint import load_scorer, method_name, policy_from_checkpoint
+from foresight.config import EvictionSettings
+from foresight.policies import make_policy
+
+STREAMING_SINKS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """One evaluated method, complete from construction on.
+
+    ``kind``: ``full`` (no eviction), ``golden`` and ``kvpop-oracle`` (teacher-forced only: they need the future),
+    or ``policy`` (a heuristic or a trained scorer). ``make_policy`` builds a fresh policy for every run (None for
+    the full cache)."""
+
+    name: str
+    kind: str = "policy"
+    make_policy: Callable | None = None
+    protect_prompt: bool = False
+    sinks: int = 0
+    stateful: bool = False  # a scorer that must observe every pair (KVpop's mLSTM): no recall along golden's path
+    checkpoint: Path | None = None  # a scorer checkpoint, whose model card records the evaluation
+    layout: tuple[int, int] | None = None  # kvpop-oracle: KVpop's (window, sinks)
+
+    @property
+    def is_full(self) -> bool:
+        return self.kind == "full"
+
+    @property
+    def teacher_forced_only(self) -> bool:
+        return self.kind in ("golden", "kvpop-oracle")
+
+    def settings(self, budget: int, interval: int, overflow: str) -> EvictionSettings:
+        """The eviction settings of this method at B:L (top-L selection)."""
+        return EvictionSettings(budget=budget, interval=interval, sinks=self.sinks, protect_prompt=self.protect_prompt,
+                                prompt_overflow=overflow)
+
+
+def build_methods(names: list[str], scorer_dirs: list, model, protect_all: bool,
+                  kvpop_layout: tuple[int, int] = (64, 4)) -> list[Method]:
+    out = []
+    for n in names:
+        n = n.strip()
+        if not n:
+            continue
+        if n == "full":
+            out.append(Method("full", "full", make_policy=lambda: None))
+        elif n == "golden":
+            out.append(Method(n, n, protect_prompt=protect_all))
+        elif n == "kvpop-oracle":  # KVpop's teacher under the recipe's kvpop layout (window, sinks)
+            out.append(Method(n, n, protect_prompt=protect_all, layout=kvpop_layout))
+        elif n == "random-keep-prompt":
+            out.append(Method(n, make_policy=lambda: make_policy("random"), protect_prompt=True))
+        else:
+            make_policy(n)  # validates the name
+            out.append(Method(n, make_policy=lambda name=n: make_policy(name), protect_prompt=protect_all,
+                              sinks=STREAMING_SINKS if n == "streamingllm" else 0))
+    seen = {m.name for m in out}
+    for d in scorer_dirs:
+        bank, cfg = load_scorer(d, model)
+        name = method_name(cfg)
+        if name in seen:
+            name = f"{name}({Path(d).name})"
+        seen.add(name)
+        out.append(Method(name, make_policy=lambda b=bank, c=cfg, nm=name: policy_from_checkpoint(b, c, nm),
+                          protect_prompt=protect_all, stateful=bool(getattr(bank, "stateful", False)),
+                          checkpoint=Path(d)))
+    return out

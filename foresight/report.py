@@ -1,0 +1,55 @@
+"""Evaluation results as tables: bootstrap intervals over held-out traces and the markdown table."""
+
+from __future__ import annotations
+
+import numpy as np
+
+BOOTSTRAP = 1000  # resamples of the held-out traces for a 95% interval
+
+
+def bootstrap_ci(num: list[float], den: list[float] | None = None, seed: int = 0) -> list[float] | None:
+    """95% percentile interval of Σnum/Σden (a ratio of sums, e.g. the loss ratio) or of mean(num) when ``den`` is
+    None, resampling the traces with replacement (seeded: the same values give the same interval)."""
+    if not num:
+        return None
+    a = np.asarray(num, dtype=np.float64)
+    idx = np.random.default_rng(seed).integers(0, len(a), size=(BOOTSTRAP, len(a)))
+    if den is None:
+        stats = a[idx].mean(1)
+    else:
+        b = np.asarray(den, dtype=np.float64)
+        stats = a[idx].sum(1) / np.maximum(b[idx].sum(1), 1e-12)
+    lo, hi = np.percentile(stats, [2.5, 97.5])
+    return [round(float(lo), 5), round(float(hi), 5)]
+
+
+def _prot(v) -> str:
+    return "fallback (prompt > B)" if v == "fallback" else ("yes" if v else "no")
+
+
+def _fmt(v, nd=3):
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        return f"{v:.{nd}f}"
+    return str(v)
+
+
+def _with_ci(v, ci, nd):
+    return _fmt(v, nd) + ("" if not ci else f" [{_fmt(ci[0], nd)}, {_fmt(ci[1], nd)}]")
+
+
+def results_table(rows, meta) -> str:
+    head = ("| method | prompt kept | B:L | loss ratio [95% CI] | Δloss low-H | Δloss high-H | accuracy | n | recall@L | "
+            "mean cache |\n|---|---|---|---|---|---|---|---|---|---|\n")
+    body = "".join(
+        f"| {r['method']} | {_prot(r['protect_prompt'])} | {r['budget']}:{r['interval']} | "
+        f"{_with_ci(r['loss_ratio'], r.get('loss_ratio_ci'), 4)} | "
+        f"{_with_ci(r['low_entropy_loss_increase'], r.get('low_entropy_loss_increase_ci'), 3)} | "
+        f"{_fmt(r['high_entropy_loss_increase'])} | "
+        f"{_fmt(r['accuracy'])} | {r['n_samples']} | {_fmt(r['recall_at_L'])} | {_fmt(r['mean_cache'], 1)} |\n"
+        for r in rows)
+    info = (f"\n{meta['num_problems']} held-out problems, mean trace {meta['mean_trace_length']:.0f} tokens "
+            f"(prompt {meta['mean_prompt_length']:.0f}); full-cache accuracy of the reference traces: "
+            f"{_fmt(meta['full_cache_trace_accuracy'])}. Intervals: 95% bootstrap over the held-out traces.\n")
+    return head + body + info
