@@ -109,6 +109,12 @@ class GoldenPolicy(Policy):
         return vals.masked_fill(view.token < 0, 0.0)
 
     def score(self, view):
+        """Eviction order exactly by (future score, then token index): the lowest future score goes first, ties
+        (e.g. no future left) towards the oldest token. Slots are sorted by token, so a stable ascending sort of the
+        future scores gives that order; the score is minus the rank (no perturbation of the scores, which at long
+        contexts would override real gaps between them)."""
         f = self.future_scores(view)
-        # lowest future score first; ties (e.g. no future left) broken towards the oldest token
-        return -f - 1e-9 * view.token.float()
+        order = torch.sort(f, dim=-1, stable=True).indices
+        n = f.shape[-1]
+        rank = torch.empty_like(order).scatter_(-1, order, torch.arange(n, device=f.device).expand_as(order))
+        return -rank.float()

@@ -6,7 +6,8 @@
   No gradient flows through the LLM (``torch.no_grad``; only the scorers have ``requires_grad``).
 * **Reward.** :mod:`foresight.reward` (the exact formula is in its docstring), from the full-cache loss and
   entropy stored by the data stage.
-* **Advantage.** ``A_g = (r_g − mean(r)) / (std(r) + 1e-6)`` within the trace's group (TRL's ``nanstd``).
+* **Advantage.** ``A_g = (r_g − mean(r)) / (std(r) + 1e-6)`` within the trace's group, ``std`` Bessel-corrected
+  (TRL's ``nanstd``; the released code divides by the population std, a constant factor √(G/(G−1)) apart).
 * **Log-probabilities.** Each (step, layer, KV head) row's action is the drawn *set* of L evictions; its
   log-probability is the exact Plackett–Luce set probability under the Top-2L sampler
   (:func:`foresight.selection.set_logprob`; the released code uses an independent softmax over all

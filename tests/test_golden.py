@@ -92,3 +92,22 @@ def test_golden_memory_on_a_long_sequence_is_not_quadratic():
     assert res.returncode == 0, res.stderr[-2000:]
     extra = int(res.stdout.strip().splitlines()[-1])
     assert extra < 150e6, extra
+
+
+def test_golden_order_is_exact_by_future_score_then_token():
+    """No score perturbation: a gap of 1e-5 between future scores decides even between tokens 100,000 apart (a
+    1e-9·token tie-break would reverse it), and equal scores go oldest first."""
+    from foresight.view import EvictionView
+    from foresight.selection import select_topk
+
+    token = torch.tensor([0, 100_000, 100_001, 100_002]).view(1, 1, 1, 4)
+    future = torch.zeros(1, 1, 1, 1, 100_003)  # [b, nl, n_blocks, h, S]
+    future[..., 0], future[..., 100_000], future[..., 100_001] = 2e-5, 1e-5, 3e-5  # the newer token is lower
+    v = EvictionView(torch.zeros(1, 1, 1, 4, 2), torch.zeros(1, 1, 1, 4, 2), token, {},
+                     torch.tensor([True, True, True, False]).view(1, 1, 1, 4), n_evict=1, step=0, seen=100_003,
+                     prompt_len=0)
+    scores = GoldenPolicy(future).score(v)
+    assert select_topk(scores, v.evictable, 1).item() == 1
+    future[..., 100_000] = 2e-5
+    future[..., 100_001] = 2e-5
+    assert select_topk(GoldenPolicy(future).score(v), v.evictable, 2).flatten().tolist() == [0, 1]

@@ -98,3 +98,12 @@ def test_unknown_policy_error_lists_known():
 
     with pytest.raises(ValueError, match="unknown eviction policy 'h20'.*h2o"):
         make_policy("h20")
+
+
+def test_keydiff_anchor_is_the_mean_of_normalised_keys():
+    """One large-norm key must not set the anchor's direction (KeyDiff's anchor averages unit keys)."""
+    keys = torch.zeros(1, 1, 1, 6, 2)
+    keys[0, 0, 0, 0] = torch.tensor([100.0, 0.0])  # large norm, alone in its direction
+    keys[0, 0, 0, 1:] = torch.tensor([0.0, 1.0])
+    keys[0, 0, 0, 5] = torch.tensor([0.6, 0.8])
+    assert 0 not in evicted("keydiff", view(n=6, keys=keys), k=1)  # with a raw-key mean, key 0 would go first
