@@ -13,9 +13,12 @@ import json
 import sys
 from pathlib import Path
 
+from foresight import __version__
+
 
 def _common(p: argparse.ArgumentParser, out_required: bool = True):
-    p.add_argument("--recipe", type=Path, default=None, help="YAML recipe (default: the built-in tiny-qwen3 defaults)")
+    p.add_argument("--recipe", type=Path, default=None,
+                   help="YAML recipe, e.g. recipes/tiny-qwen3.yaml (default: the defaults of foresight.config)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override a recipe field (repeatable)")
     p.add_argument("--out", type=Path, required=out_required, help="output folder")
@@ -25,6 +28,7 @@ def _common(p: argparse.ArgumentParser, out_required: bool = True):
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="foresight", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # the deepspeed launcher's
+    ap.add_argument("--version", action="version", version=f"foresight {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("traces", help="generate, filter and score reasoning traces")
@@ -52,6 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _error(message: str) -> int:
+    """A user error: one line on stderr, exit status 2 (bugs keep their tracebacks)."""
+    print(f"foresight: error: {message}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from foresight.config import RecipeError, load_recipe
@@ -59,8 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         recipe = load_recipe(args.recipe, args.overrides)
     except RecipeError as e:
-        print(f"foresight: recipe error: {e}", file=sys.stderr)
-        return 2
+        return _error(str(e))
     try:
         if args.cmd == "show-recipe":
             import yaml
@@ -95,8 +104,9 @@ def main(argv: list[str] | None = None) -> int:
                      progress=not args.no_progress)
             return 0
     except (ValueError, FileNotFoundError) as e:
-        print(f"foresight {args.cmd}: error: {e}", file=sys.stderr)
-        return 2
+        return _error(f"{args.cmd}: {e}")
+    except (PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError) as e:
+        return _error(f"{args.cmd}: cannot write {e.filename}: {e.strerror}")
     return 1
 
 

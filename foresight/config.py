@@ -7,15 +7,16 @@ errors that name the offending key (a misspelled field must never be silently ig
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
+from foresight.validation import RecipeError, check_recipe, parse_budgets
 
-class RecipeError(ValueError):
-    """A recipe or an override is malformed."""
+__all__ = ["RecipeError", "load_recipe", "parse_budgets", "Recipe", "EvictionSettings"]
 
 
 @dataclass
@@ -225,14 +226,17 @@ def _coerce(value, tp, where: str):
             f = float(value)
         except (TypeError, ValueError):
             raise RecipeError(f"{where}: expected an integer, got {value!r}") from None
-        if f != int(f):
+        if not math.isfinite(f) or f != int(f):
             raise RecipeError(f"{where}: expected an integer, got {value!r}")
         return int(f)
     if tp is float:
         try:
-            return float(value)
+            f = float(value)
         except (TypeError, ValueError):
             raise RecipeError(f"{where}: expected a number, got {value!r}") from None
+        if not math.isfinite(f):
+            raise RecipeError(f"{where}: expected a finite number, got {value!r}")
+        return f
     if tp is str:
         if value is None:
             raise RecipeError(f"{where}: expected a string, got null")
@@ -242,7 +246,7 @@ def _coerce(value, tp, where: str):
 
 def _fill(obj, data: dict, where: str):
     if not isinstance(data, dict):
-        raise RecipeError(f"{where}: expected a mapping, got {type(data).__name__}")
+        raise RecipeError(f"{where or 'the recipe'}: expected a mapping, got {type(data).__name__}")
     hints = typing.get_type_hints(type(obj))
     names = {f.name for f in dataclasses.fields(obj)}
     for key, value in data.items():
@@ -262,9 +266,11 @@ def load_recipe(path: str | Path | None = None, overrides: list[str] | None = No
         p = Path(path)
         if not p.exists():
             raise RecipeError(f"recipe file not found: {p}")
+        if not p.is_file():
+            raise RecipeError(f"recipe {p} is not a file")
         try:
             data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
+        except (yaml.YAMLError, UnicodeDecodeError) as e:
             raise RecipeError(f"recipe {p} is not valid YAML: {e}") from None
         _fill(recipe, data, "")
     for item in overrides or []:
@@ -272,28 +278,15 @@ def load_recipe(path: str | Path | None = None, overrides: list[str] | None = No
             raise RecipeError(f"--set expects section.field=value, got {item!r}")
         key, raw = item.split("=", 1)
         parts = key.strip().split(".")
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            raise RecipeError(f"--set {item!r}: the value is not valid YAML (quote strings)") from None
         nested: dict = {}
         cur = nested
         for part in parts[:-1]:
             cur = cur.setdefault(part, {})
         cur[parts[-1]] = value
         _fill(recipe, nested, "")
+    check_recipe(recipe)
     return recipe
-
-
-def parse_budgets(spec: str) -> list[tuple[int, int]]:
-    """'512:128,1024:256' -> [(512, 128), (1024, 256)]."""
-    out = []
-    for item in spec.split(","):
-        item = item.strip()
-        if not item:
-            continue
-        try:
-            b, l = item.split(":")
-            out.append((int(b), int(l)))
-        except ValueError:
-            raise RecipeError(f"budget {item!r} must look like BUDGET:INTERVAL, e.g. 512:128") from None
-    if not out:
-        raise RecipeError("no budgets given")
-    return out

@@ -29,12 +29,13 @@ import torch
 
 from foresight import atomic, prompts
 from foresight.checkpoint import record_eval
-from foresight.config import EvictionSettings, parse_budgets
+from foresight.config import EvictionSettings
+from foresight.validation import parse_budgets
 from foresight.generate import Decoding, generate
 from foresight.golden import GoldenPolicy, block_pooled_attention
 from foresight.kvpop.target import KVpopOraclePolicy, kvpop_oracle_priorities
 from foresight.models import load_model
-from foresight.methods import Method, build_methods
+from foresight.methods import Method, build_methods, check_names
 from foresight.references import make_batch, reference_traces, stack_padded, trace_batches
 from foresight.report import bootstrap_ci, results_table
 from foresight.reward import low_entropy_mask
@@ -159,9 +160,12 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
     if eval_cfg.num_problems <= 0:
         raise ValueError(f"eval.num_problems must be > 0, got {eval_cfg.num_problems}")
     budget_list = parse_budgets(budgets or eval_cfg.budgets)
+    for B, L in budget_list:
+        EvictionSettings(budget=B, interval=L).validate()
+    method_names = check_names((methods or eval_cfg.methods).split(","))
     model, tok = load_model(recipe.model)
     device = next(model.parameters()).device
-    meths = build_methods((methods or eval_cfg.methods).split(","), list(scorers), model, eval_cfg.protect_prompt,
+    meths = build_methods(method_names, list(scorers), model, eval_cfg.protect_prompt,
                           (recipe.kvpop.window, recipe.kvpop.sinks))
     # held-out problems: synthetic seeds from traces.heldout_offset, or the dataset rows after the training prompts
     start = recipe.traces.heldout_offset if recipe.traces.prompt_dataset is None else recipe.traces.num_prompts

@@ -44,6 +44,17 @@ class Method:
                                 prompt_overflow=overflow)
 
 
+def check_names(names: list[str]) -> list[str]:
+    """The method names of a comma-separated list, each known (a clear error before any work otherwise)."""
+    out = [n.strip() for n in names if n.strip()]
+    if not out:
+        raise ValueError("no evaluation method given (e.g. --methods full,h2o,golden)")
+    for n in out:
+        if n not in ("full", "golden", "kvpop-oracle", "random-keep-prompt"):
+            make_policy(n)  # raises, naming the known policies
+    return out
+
+
 def build_methods(names: list[str], scorer_dirs: list, model, protect_all: bool,
                   kvpop_layout: tuple[int, int] = (64, 4)) -> list[Method]:
     out = []
