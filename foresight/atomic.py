@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -39,3 +41,25 @@ def torch_save(obj, path: str | Path) -> Path:
     import torch
 
     return replace(path, lambda tmp: torch.save(obj, tmp))
+
+
+_LEFTOVER = re.compile(r"(^\..+\.tmp$)|(^\.[^.]+\.(tmp|link)-\d+$)|(\.tmp\d*$)")
+
+
+def clean_leftovers(folder: str | Path, depth: int = 2) -> list[Path]:
+    """Remove the temporary files and folders that killed runs left in ``folder`` (and its subfolders, ``depth``
+    levels): names written aside before a rename. Call only while holding the folder (see foresight.locks)."""
+    removed = []
+    folder = Path(folder)
+    if not folder.is_dir():
+        return removed
+    for p in folder.iterdir():
+        if _LEFTOVER.search(p.name):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+            removed.append(p)
+        elif depth > 1 and p.is_dir() and not p.is_symlink():
+            removed += clean_leftovers(p, depth - 1)
+    return removed

@@ -30,17 +30,18 @@ import torch
 from foresight import atomic, prompts
 from foresight.checkpoint import record_eval
 from foresight.config import EvictionSettings
-from foresight.validation import parse_budgets
 from foresight.generate import Decoding, generate
 from foresight.golden import GoldenPolicy, block_pooled_attention
 from foresight.kvpop.target import KVpopOraclePolicy, kvpop_oracle_priorities
-from foresight.models import load_model
+from foresight.locks import locks_output
 from foresight.methods import Method, build_methods, check_names
+from foresight.models import load_model
 from foresight.references import make_batch, reference_traces, stack_padded, trace_batches
 from foresight.report import bootstrap_ci, results_table
 from foresight.reward import low_entropy_mask
 from foresight.rollout import rollout
 from foresight.selection import topk_overlap
+from foresight.validation import parse_budgets
 
 
 def teacher_forced(method: Method, model, batch: dict, settings: EvictionSettings, seed: int, future=None,
@@ -153,6 +154,7 @@ class TraceMetrics:
                               "full_loss": [round(x, 5) for x in self.full]}}
 
 
+@locks_output("eval")
 def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True, log=print) -> list[dict]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -38,6 +38,7 @@ import torch
 
 from foresight import distributed
 from foresight.checkpoint import load_scorer
+from foresight.locks import locks_output
 from foresight.models import load_model
 from foresight.reward import reward as compute_reward
 from foresight.rollout import rollout
@@ -118,6 +119,7 @@ def validate(model, bank, ds, idx, settings: EvictionSettings, grpo_cfg):
     return {"val_loss_ratio": tot_e / max(tot_f, 1e-9), "val_reward": sum(rewards) / max(len(rewards), 1)}
 
 
+@locks_output("grpo")
 def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_config=None, progress: bool = True,
                log=print):
     out = Path(out)

@@ -30,6 +30,7 @@ import torch
 from foresight import distributed
 from foresight.config import EvictionSettings
 from foresight.golden import GoldenPolicy, block_pooled_attention
+from foresight.locks import locks_output
 from foresight.rollout import rollout
 from foresight.selection import topk_overlap
 from foresight.scorer import ScorerBank, bank_for_model
@@ -111,6 +112,7 @@ def example_loss(bank, examples, cfg, interval, generator=None):
 
 
 # ------------------------------------------------------------------------------------------------ training
+@locks_output("sft")
 def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=None, progress: bool = True, log=print):
     out = Path(out)
     cfg, interval = recipe.sft, recipe.cache.interval

@@ -7,11 +7,56 @@ is 0), ``prompt_index``, ``num_new_tokens``, ``text`` (the decoded solution).
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
 from pathlib import Path
+from typing import Callable
 
 
 class TraceDataError(ValueError):
     """A trace folder or file is malformed or belongs to another recipe."""
+
+
+def _versions(folder: Path) -> list[tuple[int, Path]]:
+    out = []
+    for p in folder.glob("dataset.v*"):
+        m = re.fullmatch(r"dataset\.v(\d+)", p.name)
+        if m and p.is_dir():
+            out.append((int(m.group(1)), p))
+    return sorted(out)
+
+
+def publish(folder: Path, save: Callable[[str], None]) -> Path:
+    """Replace ``folder/dataset`` with what ``save(path)`` writes, so that a reader (or a kill at any point) sees the
+    old dataset or the new one, never neither: the new one is written aside, renamed to ``dataset.vN``, and
+    ``dataset`` (a symbolic link) is switched to it in one rename; older versions are removed after."""
+    folder = Path(folder)
+    tmp = folder / f".dataset.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save(str(tmp))
+    final = folder / "dataset"
+    if final.is_dir() and not final.is_symlink():  # a folder from before versions: it becomes version 0
+        os.rename(final, folder / "dataset.v0")
+    k = max((v for v, _ in _versions(folder)), default=-1) + 1
+    os.rename(tmp, folder / f"dataset.v{k}")
+    link = folder / f".dataset.link-{os.getpid()}"
+    link.unlink(missing_ok=True)
+    os.symlink(f"dataset.v{k}", link)
+    os.replace(link, final)
+    for v, p in _versions(folder):
+        if v != k:
+            shutil.rmtree(p, ignore_errors=True)
+    return final
+
+
+def dataset_path(path: Path) -> Path:
+    """The dataset folder of a traces folder (``OUT/dataset``, or its newest complete version if a run was killed
+    while switching), or ``path`` itself."""
+    if (path / "dataset").exists():
+        return path / "dataset"
+    versions = _versions(path)
+    return versions[-1][1] if versions else path
 
 
 REQUIRED = ("input_ids", "prompt_len", "token_loss", "token_entropy")
@@ -21,9 +66,7 @@ def load_traces(path: str | Path, limit: int | None = None):
     """Load a traces dataset (``OUT`` or ``OUT/dataset``), checking that it is well formed."""
     import datasets
 
-    p = Path(path)
-    if (p / "dataset").exists():
-        p = p / "dataset"
+    p = dataset_path(Path(path))
     if not p.exists():
         raise TraceDataError(f"traces not found at {path}: run `foresight traces --out {path}` first")
     try:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import time
 from pathlib import Path
 
@@ -32,9 +31,10 @@ import torch
 
 from foresight import atomic, distributed, prompts
 from foresight.generate import Decoding, generate
+from foresight.locks import locks_output
 from foresight.models import load_model
 from foresight.rollout import rollout
-from foresight.trace_data import TraceDataError
+from foresight.trace_data import TraceDataError, publish
 
 TRACE_SECTIONS = ("model", "task", "traces")
 
@@ -64,6 +64,7 @@ def check_out_dir(out: Path, recipe) -> None:
         atomic.write_json(rec, {"recipe": recipe.name, "key": key})
 
 
+@locks_output("traces")
 def make_traces(recipe, out: Path, progress: bool = True, log=print) -> dict:
     out = Path(out)
     rank, world = distributed.rank_world()
@@ -81,7 +82,7 @@ def make_traces(recipe, out: Path, progress: bool = True, log=print) -> dict:
         raise ValueError(f"traces.num_prompts must be > 0, got {traces_cfg.num_prompts}")
     n_batches = (traces_cfg.num_prompts + traces_cfg.batch_size - 1) // traces_cfg.batch_size
     mine = [i for i in range(n_batches) if i % world == rank]
-    todo = [i for i in mine if not (parts / f"batch-{i:05d}.json").exists()]
+    todo = [i for i in mine if not part_file(out, recipe, i).exists()]
     if len(todo) < len(mine):
         log(f"[traces] resuming: {len(mine) - len(todo)} of {len(mine)} batches already done")
     from tqdm import tqdm
@@ -94,7 +95,7 @@ def make_traces(recipe, out: Path, progress: bool = True, log=print) -> dict:
         count = min(traces_cfg.batch_size, traces_cfg.num_prompts - start)
         batch = prompts.load_prompts(recipe, start, count, tok)
         records, n_new = run_batch(recipe, model, tok, batch, seed=traces_cfg.seed * 7919 + bi, device=device)
-        atomic.write_json(parts / f"batch-{bi:05d}.json", records)
+        atomic.write_json(part_file(out, recipe, bi), records)
         kept += len(records)
         gen_tokens += n_new
         bar.update(1)
@@ -104,10 +105,11 @@ def make_traces(recipe, out: Path, progress: bool = True, log=print) -> dict:
     distributed.barrier()
     summary = {"kept_this_run": kept, "generated_tokens_this_run": gen_tokens, "seconds_this_run": round(elapsed, 2)}
     if rank == 0:
+        old = json.loads((out / "meta.json").read_text()).get("throughput") if (out / "meta.json").exists() else None
         summary.update(merge(out, recipe, n_batches, model, tok))
         summary["traces_per_minute"] = round(kept / max(elapsed, 1e-9) * 60, 2) if kept else 0.0
         meta = json.loads((out / "meta.json").read_text())
-        meta["throughput"] = summary
+        meta["throughput"] = summary if (todo or old is None) else old  # a finished rerun keeps the measured one
         atomic.write_json(out / "meta.json", meta)
     distributed.barrier()
     return summary
@@ -141,31 +143,33 @@ def run_batch(recipe, model, tok, batch: list, seed: int, device) -> tuple[list,
     return records, n_new
 
 
-def merge(out: Path, recipe, n_batches: int, model, tok) -> dict:
-    """Merge the part files into ``OUT/dataset`` (atomic: written aside, then renamed)."""
-    import shutil
+def part_file(out: Path, recipe, bi: int) -> Path:
+    """Batch ``bi``'s part file, named by the prompts it covers (a batch cut short by an earlier, smaller
+    ``traces.num_prompts`` is not mistaken for the full one)."""
+    size, n = recipe.traces.batch_size, recipe.traces.num_prompts
+    return Path(out) / "parts" / f"prompts-{bi * size:07d}-{min((bi + 1) * size, n):07d}.json"
 
+
+def merge(out: Path, recipe, n_batches: int, model, tok) -> dict:
+    """Merge the part files into ``OUT/dataset`` (written aside, then switched in atomically: see
+    :func:`foresight.trace_data.publish`)."""
     import datasets
 
     rows = []
     for bi in range(n_batches):
-        f = out / "parts" / f"batch-{bi:05d}.json"
+        f = part_file(out, recipe, bi)
         if not f.exists():
             raise TraceDataError(f"missing part file {f}: a process did not finish; run the same command again")
-        rows.extend(json.loads(f.read_text()))
+        try:
+            rows.extend(json.loads(f.read_text()))
+        except ValueError:
+            raise TraceDataError(f"part file {f} is not valid JSON (a torn write?): delete it and run the same "
+                                 "command again") from None
     rows.sort(key=lambda r: r["prompt_index"])
     if not rows:
         raise TraceDataError(f"no trace was kept out of {recipe.traces.num_prompts} prompts (all wrong or shorter "
                              f"than traces.min_new_tokens={recipe.traces.min_new_tokens}); nothing to save")
-    ds = datasets.Dataset.from_list(rows)
-    tmp = out / "dataset.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    ds.save_to_disk(str(tmp))
-    final = out / "dataset"
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    publish(out, lambda tmp: datasets.Dataset.from_list(rows).save_to_disk(tmp))
     lengths = [len(r["input_ids"]) for r in rows]
     meta = {
         "model": recipe.model.path, "gguf_file": recipe.model.gguf_file, "revision": recipe.model.revision,

@@ -13,3 +13,68 @@ def test_load_traces_rejects_malformed(tmp_path):
         load_traces(d)
     with pytest.raises(TraceDataError, match="not found"):
         load_traces(tmp_path / "missing")
+
+
+def _save(rows):
+    import datasets
+
+    return lambda path: datasets.Dataset.from_list(rows).save_to_disk(path)
+
+
+ROW = {"input_ids": [1, 2, 3], "prompt_len": 1, "token_loss": [0.0, 1, 2], "token_entropy": [0.0, 1, 2]}
+
+
+@pytest.mark.parametrize("fail_at", ["rename", "symlink", "replace", "rmtree", None])
+def test_a_kill_while_publishing_leaves_the_old_or_the_new_dataset(tmp_path, monkeypatch, fail_at):
+    """Reproduction: the merge deleted the old dataset before renaming the new one. Now, wherever the switch is cut
+    off, the folder loads: the old rows or the new ones."""
+    import datasets
+    import os
+    import shutil
+
+    from foresight import trace_data
+
+    datasets.Dataset.from_list([ROW]).save_to_disk(str(tmp_path / "dataset"))  # a folder from before versions
+    new = dict(ROW, input_ids=[4, 5, 6, 7], token_loss=[0.0] * 4, token_entropy=[0.0] * 4)
+
+    class Killed(Exception):
+        pass
+
+    calls = {"rename": 0}
+    real = {"rename": os.rename, "symlink": os.symlink, "replace": os.replace, "rmtree": shutil.rmtree}
+
+    def cut(name):
+        def f(*a, **k):
+            calls[name] = calls.get(name, 0) + 1
+            if name == fail_at and (name != "rename" or calls[name] == 2):
+                raise Killed()
+            return real[name](*a, **k)
+        return f
+
+    for name, mod in (("rename", os), ("symlink", os), ("replace", os), ("rmtree", shutil)):
+        monkeypatch.setattr(mod, name, cut(name))
+    try:
+        trace_data.publish(tmp_path, _save([new]))
+    except Killed:
+        pass
+    monkeypatch.undo()
+    got = load_traces(tmp_path)["input_ids"]
+    assert got in ([ROW["input_ids"]], [new["input_ids"]])
+    if fail_at is None:
+        assert got == [new["input_ids"]] and (tmp_path / "dataset").is_symlink()
+        trace_data.publish(tmp_path, _save([ROW]))  # and again: versions replace each other
+        assert load_traces(tmp_path)["input_ids"] == [ROW["input_ids"]]
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["dataset", "dataset.v2"]
+
+
+def test_leftovers_of_killed_runs_are_cleaned_when_a_run_takes_the_folder(tmp_path):
+    from foresight.locks import output_lock
+
+    (tmp_path / "parts").mkdir()
+    for name in (".meta.json.x1y2.tmp", "parts/.prompts-0000000-0000002.json.abc.tmp", "state.pt.tmp4242"):
+        (tmp_path / name).write_text("half")
+    (tmp_path / ".dataset.tmp-99").mkdir()
+    (tmp_path / "meta.json").write_text("{}")
+    with output_lock(tmp_path, "traces"):
+        pass
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == ["meta.json", "parts"]

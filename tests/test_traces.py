@@ -41,22 +41,41 @@ def test_traces_run_writes_dataset_with_loss_and_entropy(tiny_model_dir, tmp_pat
     assert row["token_loss"][0] == 0.0
 
 
+def test_more_prompts_extend_the_data_without_skipping_any(tiny_model_dir, tmp_path):
+    """Reproduction: num_prompts=3 then 4 with batches of 2 skipped prompt 3 (the short last batch counted as done)."""
+    out = tmp_path / "tr"
+    traces.make_traces(recipe_for(tiny_model_dir, **{"traces.num_prompts": 3}), out, progress=False,
+                       log=lambda *_: None)
+    meta = json.loads((out / "meta.json").read_text())
+    traces.make_traces(recipe_for(tiny_model_dir, **{"traces.num_prompts": 4}), out, progress=False,
+                       log=lambda *_: None)
+    assert load_traces(out)["prompt_index"] == [0, 1, 2, 3]
+    again = json.loads((out / "meta.json").read_text())
+    assert again["num_traces"] == 4 and meta["throughput"]["traces_per_minute"] > 0
+    traces.make_traces(recipe_for(tiny_model_dir, **{"traces.num_prompts": 4}), out, progress=False,
+                       log=lambda *_: None)  # finished: a rerun keeps the measured throughput
+    assert json.loads((out / "meta.json").read_text())["throughput"] == again["throughput"]
+
+
 def test_traces_resume_after_interruption(tiny_model_dir, tmp_path):
     r = recipe_for(tiny_model_dir)
     out = tmp_path / "tr"
     traces.make_traces(r, out, progress=False, log=lambda *_: None)
     first = load_traces(out)
     # simulate a kill after the first batch: drop later part files and the merged dataset
-    for f in sorted((out / "parts").glob("batch-*.json"))[1:]:
+    for f in sorted((out / "parts").glob("prompts-*.json"))[1:]:
         f.unlink()
     import shutil
 
-    shutil.rmtree(out / "dataset")
-    before = (out / "parts" / "batch-00000.json").stat().st_mtime_ns
+    (out / "dataset").unlink()
+    for d in out.glob("dataset.v*"):
+        shutil.rmtree(d)
+    first_part = out / "parts" / "prompts-0000000-0000002.json"
+    before = first_part.stat().st_mtime_ns
     logs = []
     traces.make_traces(r, out, progress=False, log=logs.append)
     assert any("resuming" in x for x in logs)
-    assert (out / "parts" / "batch-00000.json").stat().st_mtime_ns == before  # not regenerated
+    assert first_part.stat().st_mtime_ns == before  # not regenerated
     again = load_traces(out)
     assert again["prompt_index"] == first["prompt_index"] == list(range(6))  # nothing duplicated
     assert again["input_ids"] == first["input_ids"]

@@ -31,6 +31,7 @@ import torch
 from foresight import distributed
 from foresight.kvpop.scorers import scorer_for_model
 from foresight.kvpop.target import kvpop_targets
+from foresight.locks import locks_output
 from foresight.kvpop.topk import boundary_pairs, topk_recall, trace_priority
 from foresight.training import finish_run, full_state_dict, load_stage_inputs, optimizer_step, progress_bar, \
     save_progress, setup_training, summary_writer, train_plan
@@ -74,6 +75,7 @@ def boundary_loss(p_hat: torch.Tensor, ex: dict, kvpop_cfg, idx: torch.Tensor | 
     return loss, acc
 
 
+@locks_output("sft (kvpop)")
 def train_kvpop(recipe, traces_dir, out, resume: bool = False, deepspeed_config=None, progress: bool = True,
                 log=print):
     out = Path(out)

@@ -1,0 +1,68 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from foresight.locks import LOCK, OutputBusyError, output_lock
+from foresight.trace_data import load_traces
+
+HOLD = """
+import sys, time
+from foresight.locks import output_lock
+with output_lock(sys.argv[1], "sft"):
+    print("held", flush=True)
+    time.sleep(float(sys.argv[2]))
+"""
+
+
+def test_a_second_run_into_a_held_folder_is_refused_naming_the_holder(tmp_path):
+    d = tmp_path / "out"
+    p = subprocess.Popen([sys.executable, "-c", HOLD, str(d), "30"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "held"
+        with pytest.raises(OutputBusyError, match=f"in use by `foresight sft` \\(pid {p.pid}"):
+            with output_lock(d, "sft"):
+                pass
+    finally:
+        p.kill()
+        p.wait()
+    with output_lock(d, "sft"):  # the killed holder's lock is stale: taken over
+        assert json.loads((d / LOCK).read_text())["pid"] == os.getpid()
+    assert not (d / LOCK).exists()
+
+
+def test_a_failed_run_leaves_no_empty_folder_and_keeps_existing_ones(tmp_path):
+    with pytest.raises(RuntimeError):
+        with output_lock(tmp_path / "new", "eval"):
+            raise RuntimeError("failed before writing anything")
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "old").mkdir()
+    with pytest.raises(RuntimeError):
+        with output_lock(tmp_path / "old", "eval"):
+            raise RuntimeError
+    assert (tmp_path / "old").is_dir()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="is a file"):
+        with output_lock(tmp_path / "file", "eval"):
+            pass
+
+
+def test_two_concurrent_traces_runs_into_one_folder(tiny_model_dir, tmp_path):
+    """Reproduction: two identical `foresight traces` started together into one folder. One runs, the other is
+    refused at once with a clear message; the folder ends with a complete dataset."""
+    out = tmp_path / "tr"
+    sets = [f"model.path={tiny_model_dir}", "task.facts=4", "task.variables=2", "task.filler=0", "task.scratch=0",
+            "traces.num_prompts=8", "traces.batch_size=2", "traces.require_correct=false", "traces.min_new_tokens=5",
+            "traces.max_new_tokens=64"]
+    cmd = [sys.executable, "-m", "foresight", "traces", "--recipe", "recipes/tiny-qwen3.yaml", "--out", str(out),
+           "--no-progress"] + [x for s in sets for x in ("--set", s)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
+    codes = sorted(r[0] for r in results)
+    assert codes == [0, 2], results
+    refused = next(err for code, err in results if code == 2)
+    assert "foresight: error" in refused and "in use by `foresight traces`" in refused
+    assert len(load_traces(out)) == 8 and not (out / LOCK).exists()
