@@ -46,8 +46,8 @@ from foresight.scorer import LearnedPolicy
 from foresight.config import EvictionSettings
 from foresight.selection import candidate_window, window_logits, window_set_logprob
 from foresight.trace_data import load_traces
-from foresight.training import finish_run, full_state_dict, optimizer_step, progress_bar, save_progress, \
-    setup_training, split_traces, summary_writer, train_plan
+from foresight.training import check_traces_model, finish_run, full_state_dict, optimizer_step, progress_bar, \
+    resumed_extra, run_identity, save_progress, setup_training, split_traces, summary_writer, train_plan
 
 
 def group_advantage(r: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -142,16 +142,20 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
     bank.train().requires_grad_(True)
     ref = copy.deepcopy(bank).eval().requires_grad_(False)
     ds = load_traces(traces_dir)
+    check_traces_model(ds, traces_dir, recipe, model)
     train_idx, val_idx = split_traces(len(ds), 2)
     # a constant rate after warm-up; the schedule stays ours under DeepSpeed: GRPO takes `epochs` optimiser steps
     # per training step and steps the schedule once
-    plan = train_plan(grpo_cfg, schedule="constant", batch_traces=grpo_cfg.traces_per_step, grad_clip=1.0, engine_schedules=False)
+    plan = train_plan(grpo_cfg, schedule="constant", batch_traces=grpo_cfg.traces_per_step, grad_clip=1.0, engine_schedules=False,
+                      identity=run_identity(recipe, ("model", "cache", "grpo"), ds, init=init_cfg.get("created")))
     opt, sched, ckpt, start, engine = setup_training(bank, plan, out, resume, rank, deepspeed_config, "GRPO", log)
     writer = summary_writer(out, rank)
-    first_val = validate(model, bank, ds, val_idx, settings, grpo_cfg) if (val_idx and start == 0) else None
+    resumed = resumed_extra(ckpt) if start else {}  # a resumed run keeps what it measured before
+    first_val = validate(model, bank, ds, val_idx, settings, grpo_cfg) if (val_idx and start == 0) else \
+        resumed.get("first_val")
     bar = progress_bar(start, grpo_cfg.steps, "grpo", progress, rank)
     t0 = time.time()
-    hist = []
+    hist = [resumed["last"]] if resumed.get("last") else []
     for step in bar:
         rng = random.Random(grpo_cfg.seed * 1_000_003 + step)
         batch = [rng.choice(train_idx) for _ in range(grpo_cfg.traces_per_step)][rank::world]
@@ -204,7 +208,8 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
             for k, v in stats.items():
                 writer.add_scalar(f"grpo/{k}", v, step)
         bar.set_postfix(reward=f"{stats['reward_mean']:.3f}", kl=f"{stats['kl']:.4f}", clip=f"{stats['clip_frac']:.2f}")
-        saved = save_progress(step, plan, bank, opt, sched, engine, ckpt, rank)  # every rank (ZeRO-3 gathers)
+        saved = save_progress(step, plan, bank, opt, sched, engine, ckpt, rank,  # every rank (ZeRO-3 gathers)
+                              extra={"first_val": first_val, "last": stats})
         if saved is not None and val_idx and writer is not None:
             for k, val in validate(model, bank, ds, val_idx, settings, grpo_cfg).items():
                 writer.add_scalar(f"grpo/{k}", val, step)

@@ -35,7 +35,7 @@ from foresight.rollout import rollout
 from foresight.selection import topk_overlap
 from foresight.scorer import ScorerBank, bank_for_model
 from foresight.training import finish_run, full_state_dict, load_stage_inputs, optimizer_step, progress_bar, \
-    save_progress, setup_training, summary_writer, train_plan
+    resumed_extra, run_identity, save_progress, setup_training, summary_writer, train_plan
 
 
 # ------------------------------------------------------------------------------------------------ examples
@@ -123,7 +123,7 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
         raise ValueError(f"sft.objective={cfg.objective!r} is not available (foresight | kvpop)")
     device, model, ds, train_idx, val_idx = load_stage_inputs(recipe, traces_dir, world)
     bank = bank_for_model(model, recipe.scorer.hidden, recipe.scorer.activation, recipe.scorer.features, cfg.seed)
-    plan = train_plan(cfg)
+    plan = train_plan(cfg, identity=run_identity(recipe, ("model", "cache", "scorer", "sft"), ds))
     opt, sched, ckpt, start, engine = setup_training(bank, plan, out, resume, rank, deepspeed_config, "SFT", log)
 
     cache_examples: dict[int, list] = {}
@@ -141,7 +141,7 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
     writer = summary_writer(out, rank)
     bar = progress_bar(start, cfg.steps, "sft", progress, rank)
     t0 = time.time()
-    last = {}
+    last = resumed_extra(ckpt).get("last", {}) if start else {}  # a resumed run reports its latest metrics
     for step in bar:
         rng = random.Random(cfg.seed * 1_000_003 + step)
         batch = [rng.choice(train_idx) for _ in range(cfg.batch_traces)]
@@ -164,7 +164,7 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
             for layer, r in enumerate(rec.tolist()):
                 writer.add_scalar(f"sft/recall@L/layer{layer}", r, step)
         bar.set_postfix(loss=f"{last['loss']:.4f}", recall=f"{last['recall']:.3f}")
-        save_progress(step, plan, bank, opt, sched, engine, ckpt, rank)
+        save_progress(step, plan, bank, opt, sched, engine, ckpt, rank, extra={"last": last})
     train_seconds = time.time() - t0
     metrics = {"train_loss": round(last.get("loss", float("nan")), 5),
                "train_recall_at_L": round(last.get("recall", float("nan")), 4), "steps": cfg.steps,

@@ -39,6 +39,23 @@ def split_traces(n: int, val: int) -> tuple[list[int], list[int]]:
     return list(range(n - val)), list(range(n - val, n))
 
 
+def check_traces_model(ds, traces_dir, recipe, model) -> None:
+    """Refuse traces made by another model than the recipe's (their ``meta.json``) or holding token ids outside the
+    model's vocabulary."""
+    meta = Path(traces_dir) / "meta.json"
+    if meta.exists():
+        made = json.loads(meta.read_text())
+        if (made.get("model"), made.get("gguf_file")) != (recipe.model.path, recipe.model.gguf_file):
+            raise ValueError(f"the traces in {traces_dir} were made by the model {made.get('model')!r}"
+                             f"{' (' + made['gguf_file'] + ')' if made.get('gguf_file') else ''}, the recipe's model "
+                             f"is {recipe.model.path!r}: make traces with this model (foresight traces)")
+    vocab = model.get_input_embeddings().num_embeddings
+    top = max(max(ids) for ids in ds["input_ids"])
+    if top >= vocab:
+        raise ValueError(f"the traces in {traces_dir} hold token id {top}, beyond the model's vocabulary of {vocab} "
+                         "(another tokenizer?)")
+
+
 def load_stage_inputs(recipe, traces_dir, world: int):
     """What a scorer-training stage starts from: the device, the frozen LLM, the traces and their train/validation
     split (the last 2 traces validate); clear errors for an indivisible batch or an empty dataset."""
@@ -49,6 +66,7 @@ def load_stage_inputs(recipe, traces_dir, world: int):
     torch.manual_seed(cfg.seed)
     model, _ = load_model(recipe.model, device=str(device))
     ds = load_traces(traces_dir)
+    check_traces_model(ds, traces_dir, recipe, model)
     train_idx, val_idx = split_traces(len(ds), 2)
     if not train_idx:
         raise ValueError(f"no training traces in {traces_dir}")
@@ -70,12 +88,37 @@ class TrainPlan:
     ckpt_every: int
     deepspeed: str | None = None
     engine_schedules: bool = True  # under DeepSpeed, the engine steps the schedule at each optimiser step
+    identity: dict | None = None  # what a resumed run must match (see run_identity); None: not checked
 
 
 def train_plan(section, **overrides) -> TrainPlan:
     """A :class:`TrainPlan` from a recipe section's fields of the same names, plus ``overrides``."""
     names = [f.name for f in dataclasses.fields(TrainPlan)]
     return TrainPlan(**{n: getattr(section, n) for n in names if hasattr(section, n)} | overrides)
+
+
+def run_identity(recipe, sections: tuple[str, ...], ds, **extra) -> dict:
+    """What a run's checkpoint must agree with on ``--resume``: the recipe ``sections`` it trains by and the traces
+    (their dataset fingerprint), plus ``extra`` (e.g. GRPO's initial scorers)."""
+    d = recipe.to_dict()
+    d["model"].pop("device", None)  # where it runs is not what it trains
+    return {"recipe": {s: d[s] for s in sections}, "traces": getattr(ds, "_fingerprint", None), **extra}
+
+
+# what a resumed run may change in its stage's section: how long, how often it checkpoints, how it is distributed
+RESUMABLE_CHANGES = ("steps", "ckpt_every", "deepspeed", "cache_golden")
+
+
+def identity_changes(saved: dict, now: dict) -> list[str]:
+    """The differences between a checkpoint's identity and this run's, except the fields a resume may change."""
+    out = []
+    for sec, fields in now.get("recipe", {}).items():
+        for k, v in fields.items():
+            old = saved.get("recipe", {}).get(sec, {}).get(k)
+            if old != v and not (sec in ("sft", "grpo") and k in RESUMABLE_CHANGES):
+                out.append(f"{sec}.{k}: {old!r} -> {v!r}")
+    out += [f"{k}: {saved.get(k)!r} -> {v!r}" for k, v in now.items() if k != "recipe" and saved.get(k) != v]
+    return out
 
 
 def lr_lambda(step: int, warmup: int, total: int, schedule: str):
@@ -94,7 +137,7 @@ def setup_training(module, plan: TrainPlan, out: Path, resume: bool, rank: int, 
     opt = torch.optim.Adam(module.parameters(), lr=plan.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, plan.warmup, plan.steps, plan.schedule))
     ckpt = out / "ckpt" / "state.pt"
-    start = load_checkpoint(ckpt, resume, rank, module, opt, sched, stage, log)
+    start = load_checkpoint(ckpt, resume, rank, module, opt, sched, stage, log, plan)
     engine = None
     ds_cfg = deepspeed_config or plan.deepspeed
     if ds_cfg:
@@ -125,9 +168,12 @@ def _deepspeed_engine(bank, opt, sched, ds_cfg, plan: TrainPlan):
 
 
 # ------------------------------------------------------------------------------------------------ checkpoints
-def load_checkpoint(ckpt: Path, resume: bool, rank: int, bank, opt, sched, stage: str, log=print) -> int:
+def load_checkpoint(ckpt: Path, resume: bool, rank: int, bank, opt, sched, stage: str, log=print,
+                    plan: TrainPlan | None = None) -> int:
     """``--resume``: restore bank, optimizer (when saved) and schedule from ``ckpt``; returns the step to start
-    at. Without ``--resume`` a folder that already holds a run of this stage is refused (nothing is lost)."""
+    at. Without ``--resume`` a folder that already holds a run of this stage is refused (nothing is lost). With a
+    ``plan``, a checkpoint of other settings or traces is refused with the differences (only the number of steps and
+    the checkpoint interval may change), and so is a finished run (nothing is overwritten)."""
     if not resume:
         if rank == 0 and ckpt.exists():
             raise ValueError(f"{ckpt.parent.parent} already holds a {stage} run; pass --resume to continue it "
@@ -135,13 +181,34 @@ def load_checkpoint(ckpt: Path, resume: bool, rank: int, bank, opt, sched, stage
         return 0
     if not ckpt.exists():
         raise FileNotFoundError(f"--resume: no checkpoint at {ckpt}")
-    state = torch.load(ckpt, weights_only=False, map_location="cpu")
+    try:
+        state = torch.load(ckpt, weights_only=False, map_location="cpu")
+    except Exception as e:  # noqa: BLE001 - torch raises many kinds for a damaged file
+        raise ValueError(f"--resume: the checkpoint {ckpt} cannot be read ({type(e).__name__}: {e})") from None
+    if plan is not None and plan.identity is not None:
+        if state.get("identity") is None:
+            log(f"[{stage.lower()}] note: {ckpt} records no recipe or traces identity (an older run); not checked")
+        else:
+            changes = identity_changes(state["identity"], plan.identity)
+            if changes:
+                raise ValueError(f"--resume: {ckpt.parent.parent} was trained with other settings or traces: "
+                                 + "; ".join(changes) + f" (a resume may change only {', '.join(RESUMABLE_CHANGES)})")
+        if state["step"] >= plan.steps and (ckpt.parent.parent / "config.json").exists():
+            raise ValueError(f"{ckpt.parent.parent} holds a finished {stage} run of {state['step']} steps: raise the "
+                             "number of steps to continue it, or choose a new --out")
     bank.load_state_dict(state["bank"])
     if state.get("opt") is not None:
         opt.load_state_dict(state["opt"])
     sched.load_state_dict(state["sched"])
     log(f"[{stage.lower()}] resumed at step {state['step']}")
     return state["step"]
+
+
+def resumed_extra(ckpt: Path) -> dict:
+    """The ``extra`` a stage saved with its last checkpoint (its latest metrics), for a resumed run."""
+    if not ckpt.exists():
+        return {}
+    return torch.load(ckpt, weights_only=False, map_location="cpu").get("extra") or {}
 
 
 def full_state_dict(bank, engine) -> dict:
@@ -168,15 +235,18 @@ def optimizer_step(loss, bank, opt, engine, grad_clip: float) -> None:
     opt.step()
 
 
-def save_progress(step: int, plan: TrainPlan, module, opt, sched, engine, ckpt: Path, rank: int) -> dict | None:
-    """Every ``ckpt_every`` steps and at the end: the resumable state, written atomically by rank 0. Call on every
-    rank. Returns the full weights it saved (None when no checkpoint was due)."""
+def save_progress(step: int, plan: TrainPlan, module, opt, sched, engine, ckpt: Path, rank: int,
+                  extra: dict | None = None) -> dict | None:
+    """Every ``ckpt_every`` steps and at the end: the resumable state (with the run's identity and the stage's
+    ``extra``, e.g. its latest metrics), written atomically by rank 0. Call on every rank. Returns the full weights
+    it saved (None when no checkpoint was due)."""
     if (step + 1) % plan.ckpt_every == 0 or step + 1 == plan.steps:
         weights = full_state_dict(module, engine)  # collective under ZeRO-3: every rank takes part
         if rank == 0:
             # under DeepSpeed the Adam moments live in its partitions: a resumed DeepSpeed run restarts them
             atomic.torch_save({"bank": weights, "opt": opt.state_dict() if engine is None else None,
-                         "sched": sched.state_dict(), "step": step + 1}, ckpt)
+                               "sched": sched.state_dict(), "step": step + 1, "identity": plan.identity,
+                               "extra": extra or {}}, ckpt)
         return weights
     return None
 

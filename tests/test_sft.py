@@ -110,3 +110,37 @@ def test_deepspeed_two_processes_equal_one_process_on_the_combined_batch(sft_set
     for k, v in single.state_dict().items():
         assert torch.equal(w0[k], w1[k]), k
         assert torch.allclose(w0[k], v, atol=1e-5), k
+
+
+def test_resume_checks_what_it_resumes(sft_setup, tmp_path):
+    """Reproductions: --resume with a changed training field trained with the old one and recorded the new one;
+    --resume on a finished run wrote NaN metrics; traces of another model trained without a word."""
+    from conftest import killed_after_checkpoint
+
+    r, tdir = sft_setup
+    quiet = dict(progress=False, log=lambda *_: None)
+    out = tmp_path / "sft"
+    with killed_after_checkpoint():
+        train_sft(r, tdir, out, **quiet)  # killed right after its step-3 checkpoint
+    changed = load_recipe("recipes/tiny-qwen3.yaml", [f"model.path={r.model.path}", *SETS, "sft.lr=0.05"])
+    with pytest.raises(ValueError, match=r"other settings or traces: sft\.lr: 0\.01 -> 0\.05"):
+        train_sft(changed, tdir, out, resume=True, **quiet)
+    _, m = train_sft(r, tdir, out, resume=True, **quiet)  # the same settings resume
+    assert json.loads((out / "metrics.json").read_text()) == m and m["train_loss"] == m["train_loss"]
+    with pytest.raises(ValueError, match="finished SFT run of 6 steps"):
+        train_sft(r, tdir, out, resume=True, **quiet)
+    more = load_recipe("recipes/tiny-qwen3.yaml", [f"model.path={r.model.path}", *SETS, "sft.steps=7"])
+    _, m7 = train_sft(more, tdir, out, resume=True, **quiet)  # more steps may be added
+    assert m7["steps"] == 7
+    # a run killed after its last checkpoint, before its final files: the resume writes them with real metrics
+    late = tmp_path / "late"
+    last = load_recipe("recipes/tiny-qwen3.yaml", [f"model.path={r.model.path}", *SETS, "sft.ckpt_every=10"])
+    with killed_after_checkpoint():
+        train_sft(last, tdir, late, **quiet)
+    _, m_late = train_sft(last, tdir, late, resume=True, **quiet)
+    assert isinstance(m_late["train_loss"], float) and m_late["train_loss"] == m_late["train_loss"]  # not NaN
+    json.loads((late / "metrics.json").read_text())  # valid JSON
+    meta = json.loads((tdir / "meta.json").read_text())
+    (tdir / "meta.json").write_text(json.dumps(dict(meta, model="HuggingFaceTB/another-model")))
+    with pytest.raises(ValueError, match="made by the model 'HuggingFaceTB/another-model'"):
+        train_sft(r, tdir, tmp_path / "other", **quiet)

@@ -34,7 +34,7 @@ from foresight.kvpop.target import kvpop_targets
 from foresight.locks import locks_output
 from foresight.kvpop.topk import boundary_pairs, topk_recall, trace_priority
 from foresight.training import finish_run, full_state_dict, load_stage_inputs, optimizer_step, progress_bar, \
-    save_progress, setup_training, summary_writer, train_plan
+    resumed_extra, run_identity, save_progress, setup_training, summary_writer, train_plan
 
 
 @torch.no_grad()
@@ -84,7 +84,7 @@ def train_kvpop(recipe, traces_dir, out, resume: bool = False, deepspeed_config=
     device, model, ds, train_idx, val_idx = load_stage_inputs(recipe, traces_dir, world)
     scorer = scorer_for_model(model, kvpop_cfg, cache_cfg.budget, cfg.seed).to(device)
     k = cache_cfg.budget - kvpop_cfg.sinks - kvpop_cfg.window
-    plan = train_plan(cfg)
+    plan = train_plan(cfg, identity=run_identity(recipe, ("model", "cache", "sft", "kvpop"), ds))
     opt, sched, ckpt, start, engine = setup_training(scorer, plan, out, resume, rank, deepspeed_config, "KVpop", log)
 
     examples: dict[int, dict] = {}
@@ -101,7 +101,7 @@ def train_kvpop(recipe, traces_dir, out, resume: bool = False, deepspeed_config=
     writer = summary_writer(out, rank)
     bar = progress_bar(start, cfg.steps, f"kvpop-{kvpop_cfg.scorer}", progress, rank)
     t0 = time.time()
-    last = {}
+    last = resumed_extra(ckpt).get("last", {}) if start else {}  # a resumed run reports its latest metrics
     for step in bar:
         rng = random.Random(cfg.seed * 1_000_003 + step)
         batch = [rng.choice(train_idx) for _ in range(cfg.batch_traces)]
@@ -126,7 +126,7 @@ def train_kvpop(recipe, traces_dir, out, resume: bool = False, deepspeed_config=
             for name, v in last.items():
                 writer.add_scalar(f"kvpop/{name}", v, step)
         bar.set_postfix(loss=f"{last['loss']:.4f}", acc=f"{last['boundary_acc']:.3f}")
-        save_progress(step, plan, scorer, opt, sched, engine, ckpt, rank)
+        save_progress(step, plan, scorer, opt, sched, engine, ckpt, rank, extra={"last": last})
     metrics = {"train_loss": round(last.get("loss", float("nan")), 5),
                "train_boundary_acc": round(last.get("boundary_acc", float("nan")), 4), "steps": cfg.steps,
                "train_seconds_this_run": round(time.time() - t0, 1)}
