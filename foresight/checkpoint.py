@@ -99,8 +99,11 @@ def read_config(path: Path) -> dict:
     f = path / "config.json"
     if not f.exists():
         raise FileNotFoundError(f"no scorer checkpoint at {path} (config.json missing)")
-    cfg = json.loads(f.read_text())
-    if cfg.get("format") != "foresight-scorer":
+    try:
+        cfg = json.loads(f.read_text())
+    except ValueError as e:
+        raise ScorerMismatchError(f"{f} is not valid JSON ({e})") from None
+    if not isinstance(cfg, dict) or cfg.get("format") != "foresight-scorer":
         raise ScorerMismatchError(f"{f} is not a foresight scorer checkpoint")
     return cfg
 
@@ -124,7 +127,10 @@ def load_scorer(path: Path, model=None, device="cpu") -> tuple[torch.nn.Module, 
         check_compatible(cfg, model)
     build, _ = _kind(cfg, str(path))
     bank = build(cfg["scorer"])
-    state = load_file(str(Path(path) / "model.safetensors"))
+    try:
+        state = load_file(str(Path(path) / "model.safetensors"))
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own kinds for a damaged file
+        raise ScorerMismatchError(f"cannot read the scorer weights {Path(path) / 'model.safetensors'}: {e}") from None
     if "b2" in state and "b2" not in bank.state_dict():
         state.pop("b2")  # older checkpoints: a per-head output bias, which no eviction decision depends on
     missing = set(bank.state_dict()) ^ set(state)

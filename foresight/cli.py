@@ -53,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--methods", default=None, help="comma-separated methods (default: eval.methods)")
     p.add_argument("--budgets", default=None, help="B:L pairs, e.g. 256:64,512:128 (default: eval.budgets)")
     p.add_argument("--scorers", type=Path, action="append", default=[], help="a scorer checkpoint (repeatable)")
+    p.add_argument("--record", action="store_true",
+                   help="also store the results in each --scorers checkpoint (config.json and model card)")
     return ap
 
 
@@ -101,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             from foresight.evaluate import run_eval
 
             run_eval(recipe, args.out, methods=args.methods, budgets=args.budgets, scorers=args.scorers,
-                     progress=not args.no_progress)
+                     progress=not args.no_progress, record=args.record)
             return 0
     except (ValueError, FileNotFoundError) as e:
         return _error(f"{args.cmd}: {e}")

@@ -25,6 +25,8 @@ def barrier() -> None:
 
 def local_device(device: str = "auto") -> torch.device:
     if device not in ("auto", None):
+        if str(device).startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"model.device={device}, but CUDA is not available on this machine (use auto or cpu)")
         return torch.device(device)
     if torch.cuda.is_available():
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))

@@ -22,13 +22,14 @@ command gives the same numbers.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 import torch
 
 from foresight import atomic, prompts
-from foresight.checkpoint import record_eval
+from foresight.checkpoint import read_config, record_eval
 from foresight.config import EvictionSettings
 from foresight.generate import Decoding, generate
 from foresight.golden import GoldenPolicy, block_pooled_attention
@@ -155,7 +156,24 @@ class TraceMetrics:
 
 
 @locks_output("eval")
-def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True, log=print) -> list[dict]:
+def finished_rows(out: Path, identity: dict) -> dict:
+    """The rows a killed evaluation of the same run (``identity``) already wrote to ``out``, by (method, B, L); an
+    output folder of another evaluation is refused (nothing is overwritten)."""
+    run = out / "run.json"
+    if not run.exists():
+        return {}
+    if json.loads(run.read_text()) != json.loads(json.dumps(identity)):
+        raise ValueError(f"{out} holds another evaluation (other recipe, methods, budgets or scorers): choose a new "
+                         "--out")
+    rows = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else []
+    return {(r["method"], r["budget"], r["interval"]): r for r in rows}
+
+
+def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True, log=print,
+             record: bool = False) -> list[dict]:
+    """Evaluate the methods at every budget (see the module docstring); resumes a killed run of the same evaluation
+    in ``out`` from its finished rows. ``record``: also store each scorer checkpoint's rows in its ``config.json`` and
+    model card (its inputs are otherwise never modified)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     eval_cfg = recipe.eval
@@ -165,6 +183,14 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
     for B, L in budget_list:
         EvictionSettings(budget=B, interval=L).validate()
     method_names = check_names((methods or eval_cfg.methods).split(","))
+    identity = {"recipe": {k: v for k, v in recipe.to_dict().items() if k != "model"} | {
+                    "model": {k: v for k, v in vars(recipe.model).items() if k != "device"}},
+                "methods": method_names, "budgets": budget_list,
+                "scorers": [[str(d), read_config(d).get("created")] for d in scorers]}
+    done = finished_rows(out, identity)
+    atomic.write_json(out / "run.json", identity, indent=1)
+    if done:
+        log(f"[eval] resuming: {len(done)} finished rows in {out}")
     model, tok = load_model(recipe.model)
     device = next(model.parameters()).device
     meths = build_methods(method_names, list(scorers), model, eval_cfg.protect_prompt,
@@ -211,6 +237,10 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
     for m, B, L in jobs:
         bar.set_postfix(method=m.name, budget=f"{B}:{L}")
         batches = batchings[m.protect_prompt]
+        if (m.name, B, L) in done:
+            rows.append(done[(m.name, B, L)])
+            bar.update(len(batches) + 1)
+            continue
         protect_label = m.protect_prompt
         if m.protect_prompt and max_prompt > B:
             if overflow == "error":
@@ -241,8 +271,8 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
     atomic.write_json(out / "results.json", rows, indent=1)
     atomic.write_json(out / "meta.json", meta, indent=1)
     atomic.write_text(out / "results.md", results_table(rows, meta))
-    for m in meths:  # the scorers' model cards carry their evaluation
-        if m.checkpoint is not None:
+    for m in meths:  # on request, the scorers' model cards carry their evaluation
+        if record and m.checkpoint is not None:
             record_eval(m.checkpoint, rows, m.name)
     from foresight import plots
 

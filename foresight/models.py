@@ -60,6 +60,8 @@ def load_model(cfg, device: str | None = None):
         model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[cfg.dtype], **kw)
     except OSError as e:
         raise FileNotFoundError(f"cannot load model {cfg.path!r}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - damaged or mismatched weights raise many kinds
+        raise ValueError(f"cannot load model {cfg.path!r} ({path}): {type(e).__name__}: {e}") from None
     model.to(distributed.local_device(device or cfg.device)).eval().requires_grad_(False)
     use_foresight_attention(model)
     if tok.pad_token_id is None:

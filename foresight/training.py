@@ -44,7 +44,10 @@ def check_traces_model(ds, traces_dir, recipe, model) -> None:
     model's vocabulary."""
     meta = Path(traces_dir) / "meta.json"
     if meta.exists():
-        made = json.loads(meta.read_text())
+        try:
+            made = json.loads(meta.read_text())
+        except ValueError as e:
+            raise ValueError(f"{meta} is not valid JSON ({e})") from None
         if (made.get("model"), made.get("gguf_file")) != (recipe.model.path, recipe.model.gguf_file):
             raise ValueError(f"the traces in {traces_dir} were made by the model {made.get('model')!r}"
                              f"{' (' + made['gguf_file'] + ')' if made.get('gguf_file') else ''}, the recipe's model "
@@ -148,7 +151,10 @@ def setup_training(module, plan: TrainPlan, out: Path, resume: bool, rank: int, 
 def _deepspeed_engine(bank, opt, sched, ds_cfg, plan: TrainPlan):
     import deepspeed
 
-    conf = json.loads(Path(ds_cfg).read_text()) if not isinstance(ds_cfg, dict) else dict(ds_cfg)
+    try:
+        conf = json.loads(Path(ds_cfg).read_text()) if not isinstance(ds_cfg, dict) else dict(ds_cfg)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"DeepSpeed config {ds_cfg}: {e}") from None
     _, world = distributed.rank_world()
     conf.setdefault("train_micro_batch_size_per_gpu", max(1, plan.batch_traces // world))
     conf.setdefault("gradient_accumulation_steps", 1)

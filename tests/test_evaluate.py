@@ -18,8 +18,10 @@ def test_eval_writes_results_tables_and_plots_reproducibly(tiny_model_dir, tmp_p
     traces.make_traces(r, tmp_path / "tr", progress=False, log=lambda *_: None)
     train_sft(r, tmp_path / "tr", tmp_path / "sft", progress=False, log=lambda *_: None)
     methods = "full,golden,random,streamingllm,h2o,tova,snapkv,rkv,scissorhands,knorm,keydiff,random-keep-prompt"
+    card_before = (tmp_path / "sft" / "README.md").read_text()
     rows = run_eval(r, tmp_path / "ev", methods=methods, budgets="12:4,24:4", scorers=[tmp_path / "sft"],
                     progress=False, log=lambda *_: None)
+    assert (tmp_path / "sft" / "README.md").read_text() == card_before  # inputs are not modified unless asked
     names = {x["method"] for x in rows}
     assert names == set(methods.split(",")) | {"foresight-sft"}
     # random-keep-prompt protects the 21-token prompt: impossible at B=12 (skipped, cache.prompt_overflow=error)
@@ -40,12 +42,27 @@ def test_eval_writes_results_tables_and_plots_reproducibly(tiny_model_dir, tmp_p
     for f in ("results.json", "results.md", "accuracy.png", "loss_ratio.png", "eviction_map.png"):
         assert (tmp_path / "ev" / f).exists(), f
     again = run_eval(r, tmp_path / "ev2", methods="golden,random,h2o", budgets="12:4,24:4", scorers=[tmp_path / "sft"],
-                     progress=False, log=lambda *_: None)
+                     progress=False, log=lambda *_: None, record=True)
     assert again == [x for x in rows if x["method"] in ("golden", "random", "h2o", "foresight-sft")]
     assert json.loads((tmp_path / "ev" / "results.json").read_text()) == rows
     card = (tmp_path / "sft" / "README.md").read_text()
     assert "## Evaluation" in card and "12:4" in card  # the model card carries the scorer's eval rows
     assert json.loads((tmp_path / "sft" / "config.json").read_text())["eval"][0]["method"] == "foresight-sft"
+    # a killed evaluation resumes from its finished rows (here: all but the last 5) and ends with the same rows
+    (tmp_path / "ev" / "results.json").write_text(json.dumps(rows[:-5]))
+    from foresight import evaluate
+
+    calls = []
+    real = evaluate.teacher_forced
+    evaluate.teacher_forced = lambda *a, **k: calls.append(a[0].name) or real(*a, **k)
+    try:
+        resumed = run_eval(r, tmp_path / "ev", methods=methods, budgets="12:4,24:4", scorers=[tmp_path / "sft"],
+                           progress=False, log=lambda *_: None)
+    finally:
+        evaluate.teacher_forced = real
+    assert resumed == rows and set(calls) == {x["method"] for x in rows[-5:]}
+    with pytest.raises(ValueError, match="holds another evaluation"):
+        run_eval(r, tmp_path / "ev", methods="h2o", budgets="12:4", progress=False, log=lambda *_: None)
 
 
 def _refs(model, lengths, prompt_len=6):
