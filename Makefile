@@ -7,7 +7,7 @@ OUT     ?= runs/$(notdir $(basename $(RECIPE)))
 SET     ?=
 STAMP   := $(VENV)/.installed
 
-.PHONY: install test test-kvpress demo teacher traces sft grpo kvpop eval bench lint clean
+.PHONY: install test test-kvpress demo teacher traces sft grpo kvpop eval bench faults lint clean figures
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -65,8 +65,18 @@ eval: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m foresight.bench --out bench.json
 
+# kill -9 each stage at random points, resume, and check bit-identical results (minutes; not in `make test`)
+faults: $(STAMP)
+	$(BIN)/python tests/faults.py --trials 3 --kills 2
+
 demo: $(STAMP)
 	$(BIN)/python -m foresight.demo --recipe $(RECIPE) --out $(OUT)
+
+# the README's headline figure (docs/demo.png, its summary in docs/demo.txt) and every figure in EVAL_DIR, redrawn
+# from EVAL_DIR/results.json and meta.json (no model run)
+EVAL_DIR ?= $(OUT)/eval
+figures: $(STAMP)
+	$(BIN)/python -m foresight.plots --results $(EVAL_DIR) --out $(EVAL_DIR) --headline docs/demo.png
 
 clean:
 	rm -rf runs bench.json

@@ -1,6 +1,7 @@
 """``make demo``: the whole pipeline on the embedded default — traces → SFT → GRPO → eval — printing the
-results table at the end. Completed stages are skipped when run again (traces resume; a finished SFT or GRPO
-checkpoint is reused), so an interrupted demo continues where it stopped.
+results table and, last, one summary line per budget (best learned scorer, best heuristic, golden). Completed
+stages are skipped when run again (traces resume; a finished SFT or GRPO checkpoint is reused), so an interrupted
+demo continues where it stopped.
 
     python -m foresight.demo --recipe recipes/tiny-qwen3.yaml --out runs/tiny-qwen3
 """
@@ -46,10 +47,13 @@ def main(argv=None) -> int:
 
         train_grpo(recipe, a.out / "traces", sft_dir, grpo_dir, resume=(grpo_dir / "ckpt" / "state.pt").exists())
     banner(f"4/4 eval ({recipe.eval.num_problems} held-out problems, budgets {recipe.eval.budgets}) -> {a.out / 'eval'}")
+    from foresight import plots
     from foresight.evaluate import run_eval
 
-    run_eval(recipe, a.out / "eval", scorers=[sft_dir, grpo_dir])
-    print(f"\ndemo finished in {time.time() - t0:.0f} s; plots in {a.out / 'eval'}", flush=True)
+    rows = run_eval(recipe, a.out / "eval", scorers=[sft_dir, grpo_dir], record=True)  # the demo's own scorers
+    print("\n" + "\n".join(plots.summary_lines(rows, plots.read_meta(a.out / "eval"))), flush=True)
+    print(f"\ndemo finished in {time.time() - t0:.0f} s; figures in {a.out / 'eval'} (overview.png: accuracy and "
+          "loss increase per token against the budget)", flush=True)
     return 0
 
 

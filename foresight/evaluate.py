@@ -16,7 +16,8 @@ true future-attention target under the recipe's ``kvpop`` layout; teacher-forced
 :mod:`foresight.policies`, ``random-keep-prompt`` (random eviction with the prompt protected), and each ``--scorers
 DIR`` (named ``foresight-<stage>``, or ``kvpop-<scorer>`` for KVpop checkpoints). ``eval.protect_prompt=true``
 protects the prompt for every method; the tables say which rows did. Outputs in OUT: ``results.json``,
-``results.md``, ``accuracy.png``, ``loss_ratio.png`` and ``eviction_map.png``. Everything is seeded: the same
+``results.md``, ``overview.png`` (accuracy and loss increase against the budget), ``accuracy.png``,
+``loss_increase.png``, ``loss_ratio.png`` and ``eviction_map.png``. Everything is seeded: the same
 command gives the same numbers.
 """
 
@@ -276,7 +277,7 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
             record_eval(m.checkpoint, rows, m.name)
     from foresight import plots
 
-    plots.budget_curves(rows, out)
+    plots.budget_curves(rows, out, meta=meta)
     best = next((m for m in reversed(meths) if m.name.startswith("foresight")), None) or \
         next((m for m in meths if m.name == "golden"), None) or next((m for m in meths if not m.is_full), None)
     if best is not None and refs:
