@@ -47,11 +47,11 @@ def main(argv=None) -> int:
 
         train_grpo(recipe, a.out / "traces", sft_dir, grpo_dir, resume=(grpo_dir / "ckpt" / "state.pt").exists())
     banner(f"4/4 eval ({recipe.eval.num_problems} held-out problems, budgets {recipe.eval.budgets}) -> {a.out / 'eval'}")
-    from foresight import plots
+    from foresight import plots, report
     from foresight.evaluate import run_eval
 
     rows = run_eval(recipe, a.out / "eval", scorers=[sft_dir, grpo_dir], record=True)  # the demo's own scorers
-    print("\n" + "\n".join(plots.summary_lines(rows, plots.read_meta(a.out / "eval"))), flush=True)
+    print("\n" + "\n".join(report.summary_lines(rows, plots.read_meta(a.out / "eval"))), flush=True)
     print(f"\ndemo finished in {time.time() - t0:.0f} s; figures in {a.out / 'eval'} (overview.png: accuracy and "
           "loss increase per token against the budget)", flush=True)
     return 0

@@ -1,8 +1,11 @@
-"""Evaluation results as tables: bootstrap intervals over held-out traces and the markdown table."""
+"""Evaluation results as text: bootstrap intervals over held-out traces, the markdown table and the one-line-per-budget
+summary."""
 
 from __future__ import annotations
 
 import numpy as np
+
+from foresight.styles import RESOLUTION, budgets, describe, method_group, pct, series_label
 
 BOOTSTRAP = 1000  # resamples of the held-out traces for a 95% interval
 
@@ -53,3 +56,46 @@ def results_table(rows, meta) -> str:
             f"(prompt {meta['mean_prompt_length']:.0f}); full-cache accuracy of the reference traces: "
             f"{_fmt(meta['full_cache_trace_accuracy'])}. Intervals: 95% bootstrap over the held-out traces.\n")
     return head + body + info
+
+
+# --- the summary ---------------------------------------------------------------------------------------------------
+
+
+def _best(rows: list[dict]) -> dict | None:
+    """Highest accuracy; ties (and rows without accuracy) by the lower low-entropy loss increase."""
+    if not rows:
+        return None
+    return min(rows, key=lambda r: (-(r["accuracy"] if r.get("accuracy") is not None else -1.0),
+                                    r.get("low_entropy_loss_increase") or 0.0))
+
+
+def _dl(v) -> str:
+    if v is None:
+        return "—"
+    return f"<{RESOLUTION:g}".replace("e-0", "e-") if abs(v) < RESOLUTION else f"{v:.3g}"
+
+
+def _who(r: dict | None) -> str:
+    if r is None:
+        return "—"
+    acc = "" if r.get("accuracy") is None else f"accuracy {r['accuracy']:.2f}, "
+    return f"{series_label(r)} ({acc}Δloss {_dl(r.get('low_entropy_loss_increase'))})"
+
+
+def summary_lines(rows: list[dict], meta: dict | None = None) -> list[str]:
+    """At each budget, one line: the best learned scorer, the best heuristic and golden (best = highest accuracy,
+    then lowest loss increase on low-entropy tokens)."""
+    full = [r for r in rows if r["method"] == "full" and r.get("accuracy") is not None]
+    head = "summary: " + describe(rows, meta)
+    if full:
+        head += f"; full cache accuracy {sum(r['accuracy'] for r in full) / len(full):.2f}"
+    lines = [head, "  (accuracy: greedy task accuracy; Δloss: mean loss increase per low-entropy token, nats; "
+                   "best = highest accuracy, then lowest Δloss)"]
+    for B, L in budgets(rows):
+        at = [r for r in rows if (r["budget"], r["interval"]) == (B, L)]
+        learned = _best([r for r in at if method_group(r["method"]) == "learned"])
+        heur = _best([r for r in at if method_group(r["method"]) == "heuristic"])
+        golden = next((r for r in at if r["method"] == "golden"), None)
+        lines.append(f"  B={B}:{L}{pct(B, meta)}: best learned {_who(learned)} | best heuristic {_who(heur)} | "
+                     f"golden Δloss {_dl(golden and golden.get('low_entropy_loss_increase'))}")
+    return lines

@@ -12,7 +12,7 @@ PRIMITIVES = {"config", "features", "selection", "shapes", "atomic", "handoff", 
               "view", "slots", "cache", "attention", "distributed", "reward", "prompts", "trace_data", "validation", "locks"}
 ENGINE = {"models", "rollout", "generate", "golden", "scorer", "policies", "kvpop.topk", "kvpop.target",
           "kvpop.scorers"}
-PLUMBING = {"training", "checkpoint", "plots", "methods", "references", "report"}
+PLUMBING = {"training", "checkpoint", "plots", "methods", "references", "report", "styles"}
 STAGES = {"traces", "sft", "grpo", "kvpop.train", "evaluate"}
 ENTRY = {"", "cli", "__main__", "demo", "bench", "integrations", "kvpop"}
 LAYERS = [PRIMITIVES, ENGINE, PLUMBING, STAGES, ENTRY]

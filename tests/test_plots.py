@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from foresight import plots
+from foresight import plots, report, styles
 
 SCORERS = ["foresight-sft", "foresight-grpo", "kvpop-mlp", "kvpop-mlstm-delayed", "kvpop-mlstm-immediate"]
 
@@ -25,24 +25,24 @@ def _key(style: dict):
 def test_every_eval_method_has_its_own_style():
     names = eval_methods()
     assert {"h2o", "rkv", "snapkv", "scissorhands", "streamingllm"} <= set(names)
-    styles = {n: _key(plots.method_style(n)) for n in names}
-    assert len(set(styles.values())) == len(names), styles
-    assert len({plots.method_style(n)["color"] for n in names if plots.method_group(n) != "reference"}) == \
-        len([n for n in names if plots.method_group(n) != "reference"])  # colours alone tell the curves apart
+    keys = {n: _key(styles.method_style(n)) for n in names}
+    assert len(set(keys.values())) == len(names), keys
+    assert len({styles.method_style(n)["color"] for n in names if styles.method_group(n) != "reference"}) == \
+        len([n for n in names if styles.method_group(n) != "reference"])  # colours alone tell the curves apart
     for n in SCORERS:
-        assert plots.method_group(n) == "learned"
-        assert plots.method_style(n)["linewidth"] > max(plots.method_style(h)["linewidth"] for h in plots.HEURISTIC)
+        assert styles.method_group(n) == "learned"
+        assert styles.method_style(n)["linewidth"] > max(styles.method_style(h)["linewidth"] for h in styles.HEURISTIC)
     for n in ("full", "golden", "kvpop-oracle"):
-        assert plots.method_group(n) == "reference"
+        assert styles.method_group(n) == "reference"
 
 
 def test_unknown_and_suffixed_names_get_deterministic_distinct_styles():
-    known = {_key(plots.method_style(n)) for n in eval_methods()}
-    assert plots.method_style("my-policy") == plots.method_style("my-policy")
-    assert plots.method_group("my-policy") == "heuristic" and plots.method_group("foresight-rl") == "learned"
-    twin = plots.method_style("foresight-sft(run2)")
-    assert twin["color"] == plots.method_style("foresight-sft")["color"] and _key(twin) not in known
-    assert twin == plots.method_style("foresight-sft(run2)")
+    known = {_key(styles.method_style(n)) for n in eval_methods()}
+    assert styles.method_style("my-policy") == styles.method_style("my-policy")
+    assert styles.method_group("my-policy") == "heuristic" and styles.method_group("foresight-rl") == "learned"
+    twin = styles.method_style("foresight-sft(run2)")
+    assert twin["color"] == styles.method_style("foresight-sft")["color"] and _key(twin) not in known
+    assert twin == styles.method_style("foresight-sft(run2)")
 
 
 def fake_rows(budgets=((320, 64), (640, 128), (960, 128)), methods=None) -> list[dict]:
@@ -76,8 +76,8 @@ META = {"recipe": "tiny-qwen3", "model": "builtin:tiny-qwen3", "num_problems": 1
 
 
 def test_values_spanning_decades_get_a_log_axis_and_accuracy_stays_linear():
-    assert plots.choose_scale([1.0, 50.0]) == "linear" and plots.choose_scale([1.0, 90000.0]) == "log"
-    assert plots.choose_scale([0.0, -1.0, 0.001, 0.5]) == "log"  # non-positive values do not count
+    assert styles.choose_scale([1.0, 50.0]) == "linear" and styles.choose_scale([1.0, 90000.0]) == "log"
+    assert styles.choose_scale([0.0, -1.0, 0.001, 0.5]) == "log"  # non-positive values do not count
     rows = fake_rows()
     fig = plots.metric_figure(rows, ["loss_ratio", "low_entropy_loss_increase", "accuracy"], META)
     ratio, inc, acc = fig.axes
@@ -111,7 +111,7 @@ def test_budget_curves_writes_the_figures_and_reads_meta(tmp_path):
 
 def test_summary_names_the_best_learned_heuristic_and_golden_per_budget():
     rows = fake_rows()
-    lines = plots.summary_lines(rows, META)
+    lines = report.summary_lines(rows, META)
     per_budget = [x for x in lines if x.lstrip().startswith("B=")]
     assert len(per_budget) == 3
     assert "full cache accuracy 0.94" in lines[0]
@@ -123,7 +123,7 @@ def test_summary_names_the_best_learned_heuristic_and_golden_per_budget():
     b320 = per_budget[0]
     assert "best learned foresight-grpo (accuracy 0.00, Δloss 0.03)" in b320
     assert "best heuristic random (accuracy 0.00" in b320
-    bare = plots.summary_lines([r for r in rows if r["method"] in ("full", "h2o")], META)[2]
+    bare = report.summary_lines([r for r in rows if r["method"] in ("full", "h2o")], META)[2]
     assert "best learned — |" in bare and "best heuristic h2o" in bare and "golden Δloss —" in bare
 
 
