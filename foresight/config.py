@@ -180,6 +180,7 @@ class EvalConfig:
     seed: int = 0
     protect_prompt: bool = False
     cache_references: bool = True  # keep the full-cache reference traces on disk ($FORESIGHT_CACHE) and reuse them
+    batch_size: int = 32  # traces per teacher-forced batch (similar lengths, right-padded)
 
 
 @dataclass

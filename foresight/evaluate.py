@@ -204,7 +204,7 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
     t0 = time.time()
     log(f"[eval] {len(problems)} held-out problems; reference full-cache traces ...")
     refs = reference_traces(recipe, model, tok, problems, device, use_cache=eval_cfg.cache_references, log=log)
-    bs = max(1, recipe.traces.batch_size)
+    bs = eval_cfg.batch_size
     batchings = {flag: [make_batch(refs, b, tok.pad_token_id) for b in trace_batches(refs, bs, flag)]
                  for flag in (False, True)}
     futures, priorities = {}, {}

@@ -89,6 +89,7 @@ RULES = {
     "kvpop.balance_min": above(0), "kvpop.balance_max": above(0), "kvpop.queries_per_trace": at_least(0),
     "kvpop.hidden": at_least(1), "kvpop.memory_dim": at_least(1), "kvpop.block": at_least(1),
     "eval.num_problems": at_least(1), "eval.budgets": budgets, "eval.methods": names, "eval.n_samples": at_least(1),
+    "eval.batch_size": at_least(1),
 }
 
 
