@@ -199,7 +199,7 @@ def load_checkpoint(ckpt: Path, resume: bool, rank: int, bank, opt, sched, stage
             if changes:
                 raise ValueError(f"--resume: {ckpt.parent.parent} was trained with other settings or traces: "
                                  + "; ".join(changes) + f" (a resume may change only {', '.join(RESUMABLE_CHANGES)})")
-        if state["step"] >= plan.steps and (ckpt.parent.parent / "config.json").exists():
+        if state["step"] >= plan.steps and (ckpt.parent.parent / "metrics.json").exists():  # written last
             raise ValueError(f"{ckpt.parent.parent} holds a finished {stage} run of {state['step']} steps: raise the "
                              "number of steps to continue it, or choose a new --out")
     bank.load_state_dict(state["bank"])
