@@ -160,14 +160,13 @@ class TraceMetrics:
 def finished_rows(out: Path, identity: dict) -> dict:
     """The rows a killed evaluation of the same run (``identity``) already wrote to ``out``, by (method, B, L); an
     output folder of another evaluation is refused (nothing is overwritten)."""
-    run = out / "run.json"
-    if not run.exists():
-        return {}
+    run, results = out / "run.json", out / "results.json"
+    if not (run.exists() and results.exists()):
+        return {}  # nothing finished yet
     if json.loads(run.read_text()) != json.loads(json.dumps(identity)):
         raise ValueError(f"{out} holds another evaluation (other recipe, methods, budgets or scorers): choose a new "
                          "--out")
-    rows = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else []
-    return {(r["method"], r["budget"], r["interval"]): r for r in rows}
+    return {(r["method"], r["budget"], r["interval"]): r for r in json.loads(results.read_text())}
 
 
 def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True, log=print,
