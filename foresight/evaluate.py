@@ -96,7 +96,7 @@ def accuracy(method: Method, recipe, model, tok, problems, budget: int, interval
         return None, 0  # golden needs the future; a task without a checker has no accuracy
     eval_cfg = recipe.eval
     n = eval_cfg.n_samples if eval_cfg.do_sample else 1
-    ids, mask = prompts.left_pad([prompts.encode(p, tok) for p in problems], tok.pad_token_id, device)
+    ids, mask = prompts.pad_rows([prompts.encode(p, tok) for p in problems], tok.pad_token_id, device)
     decoding = Decoding.from_recipe(recipe.traces, tok, do_sample=eval_cfg.do_sample)
     settings = method.settings(budget, interval, "evict")
     correct = 0

@@ -40,12 +40,14 @@ def encode(prompt: Prompt, tokenizer) -> list[int]:
     return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
 
 
-def left_pad(rows: list[list[int]], pad_token_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token rows of different lengths as one left-padded batch: (ids [b, P], attention mask [b, P], 0 = padding)."""
+def pad_rows(rows: list[list[int]], pad_token_id: int, device, side: str = "left") -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows of different lengths as one batch padded on the ``left`` (prompts to generate from) or the ``right``
+    (traces to teacher-force): (ids [b, P], attention mask [b, P], 0 = padding)."""
     P = max(map(len, rows))
-    ids = torch.tensor([[pad_token_id] * (P - len(r)) + r for r in rows], device=device)
-    mask = torch.tensor([[0] * (P - len(r)) + [1] * len(r) for r in rows], device=device)
-    return ids, mask
+    pads = [[pad_token_id] * (P - len(r)) for r in rows]
+    ids = [p + r if side == "left" else r + p for p, r in zip(pads, rows)]
+    mask = [[0] * len(p) + [1] * len(r) if side == "left" else [1] * len(r) + [0] * len(p) for p, r in zip(pads, rows)]
+    return torch.tensor(ids, device=device), torch.tensor(mask, device=device)
 
 
 def ledger_spec(task) -> ledger.LedgerSpec:

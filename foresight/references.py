@@ -42,20 +42,12 @@ def model_fingerprint(model_cfg) -> dict:
     return {"path": str(path), "gguf": gguf, "revision": model_cfg.revision, "dtype": model_cfg.dtype, "files": files}
 
 
-def reference_key(recipe, prompt_ids: list[int], seed: int) -> str:
-    """A hash of everything a reference trace depends on."""
+def reference_key(recipe, prompt_ids: list[int], seed: int, model: dict) -> str:
+    """A hash of everything a reference trace depends on (``model``: its :func:`model_fingerprint`)."""
     tr = recipe.traces
-    blob = {"model": model_fingerprint(recipe.model), "task": dict(vars(recipe.task)), "prompt": prompt_ids,
+    blob = {"model": model, "task": dict(vars(recipe.task)), "prompt": prompt_ids,
             "sampling": [tr.max_new_tokens, recipe.eval.do_sample, tr.temperature, tr.top_k, tr.top_p, seed]}
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:32]
-
-
-def right_padded(seqs: list[list[int]], pad_token_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows of different lengths as one batch padded on the right: (ids [b, S], mask [b, S] bool)."""
-    S = max(map(len, seqs))
-    ids = torch.tensor([s + [pad_token_id] * (S - len(s)) for s in seqs], device=device)
-    mask = torch.tensor([[True] * len(s) + [False] * (S - len(s)) for s in seqs], device=device)
-    return ids, mask
 
 
 @torch.no_grad()
@@ -63,7 +55,8 @@ def reference_traces(recipe, model, tok, problems, device, use_cache: bool = Tru
     """One dict per problem: ``ids`` [1, S], ``prompt_len``, full-cache ``loss`` and ``entropy`` [S], ``correct``."""
     seed = recipe.eval.seed
     rows = [prompts.encode(p, tok) for p in problems]
-    keys = [reference_key(recipe, r, seed * 1_000_003 + p.index) for r, p in zip(rows, problems)]
+    fingerprint = model_fingerprint(recipe.model)  # one look at the model's files for all prompts
+    keys = [reference_key(recipe, r, seed * 1_000_003 + p.index, fingerprint) for r, p in zip(rows, problems)]
     refs: list[dict | None] = [None] * len(problems)
     if use_cache:
         for i, k in enumerate(keys):
@@ -80,13 +73,13 @@ def reference_traces(recipe, model, tok, problems, device, use_cache: bool = Tru
     bs = max(1, recipe.traces.batch_size)
     for b0 in range(0, len(todo), bs):
         part = todo[b0:b0 + bs]
-        ids, mask = prompts.left_pad([rows[i] for i in part], tok.pad_token_id, device)
+        ids, mask = prompts.pad_rows([rows[i] for i in part], tok.pad_token_id, device)
         gens = [torch.Generator(device=device).manual_seed(seed * 1_000_003 + problems[i].index) for i in part]
         out = generate(model, ids, mask, max_new_tokens=recipe.traces.max_new_tokens, decoding=decoding,
                        row_generators=gens if decoding.do_sample else None)
         news = [decoding.truncate(n) for n in out.new_tokens.tolist()]
         seqs = [rows[i] + n for i, n in zip(part, news)]
-        full_ids, full_mask = right_padded(seqs, tok.pad_token_id, device)
+        full_ids, full_mask = prompts.pad_rows(seqs, tok.pad_token_id, device, side="right")
         full = rollout(model, full_ids, attention_mask=full_mask)
         for j, i in enumerate(part):
             S = len(seqs[j])
@@ -123,7 +116,8 @@ def make_batch(refs: list[dict], members: list[int], pad_token_id: int) -> dict:
     positions as when it runs alone (pads only follow a row's end)."""
     seqs = [refs[i]["ids"][0].tolist() for i in members]
     dev = refs[members[0]]["ids"].device
-    ids, mask = right_padded(seqs, pad_token_id, dev)
+    ids, mask = prompts.pad_rows(seqs, pad_token_id, dev, side="right")
+    mask = mask.bool()
     S = ids.shape[1]
 
     def padded(name):

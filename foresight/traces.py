@@ -118,7 +118,7 @@ def make_traces(recipe, out: Path, progress: bool = True, log=print) -> dict:
 def run_batch(recipe, model, tok, batch: list, seed: int, device) -> tuple[list, int]:
     traces_cfg = recipe.traces
     rows = [prompts.encode(p, tok) for p in batch]
-    ids, mask = prompts.left_pad(rows, tok.pad_token_id, device)
+    ids, mask = prompts.pad_rows(rows, tok.pad_token_id, device)
     gen = torch.Generator(device=device).manual_seed(seed)
     decoding = Decoding.from_recipe(traces_cfg, tok)
     res = generate(model, ids, mask, max_new_tokens=traces_cfg.max_new_tokens, decoding=decoding, generator=gen)
