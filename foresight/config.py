@@ -57,6 +57,15 @@ class TracesConfig:
     require_correct: bool = True
     loss_chunk: int = 1024  # tokens per chunk of the full-cache loss/entropy pass
     heldout_offset: int = 1_000_000  # prompt seeds of held-out problems start here (synthetic task)
+    # who decodes: hf = this process (transformers); openai = an OpenAI-compatible server (vLLM, SGLang, transformers
+    # serve) at base_url; the checks, the length filter and the full-cache loss pass stay local either way
+    engine: str = "hf"
+    base_url: str | None = None  # e.g. http://localhost:8000/v1
+    server_model: str | None = None  # the name the server serves the model under (default: model.path)
+    api_key_env: str | None = None  # environment variable holding the server's API key
+    concurrency: int = 8  # requests in flight
+    request_timeout: float = 1800.0  # seconds per request
+    max_retries: int = 5  # retries of a transient failure (backoff 0.5 s, doubling)
 
 
 @dataclass

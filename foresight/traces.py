@@ -1,7 +1,8 @@
 """The data stage (``foresight traces``): a frozen model writes reasoning traces; correct, long ones are kept
 with their full-cache per-token loss and entropy (what the GRPO reward needs).
 
-Pipeline per batch of prompts: batched generation (seeded; greedy or the recipe's sampling) → check the
+Pipeline per batch of prompts: generation (``traces.engine``: ``hf`` batched in this process, seeded, greedy or the
+recipe's sampling; ``openai`` by an OpenAI-compatible server, see :mod:`foresight.completions`) → check the
 answer → keep correct traces with at least ``traces.min_new_tokens`` generated tokens → one chunked
 teacher-forced full-cache pass per kept trace (``traces.loss_chunk`` tokens of logits at a time, never the
 full sequence × vocabulary) → the batch's records are written atomically as one part file.
@@ -14,6 +15,7 @@ Output folder::
 
     OUT/recipe.json      the recipe that made it (a different recipe is refused)
     OUT/parts/*.json     per-batch records (kept for resume)
+    OUT/completions/     per-prompt server completions (engine openai; kept for resume)
     OUT/dataset/         the merged datasets.Dataset (save_to_disk)
     OUT/meta.json        model, tokenizer, recipe, seed, date, counts, throughput
 
@@ -30,6 +32,7 @@ from pathlib import Path
 import torch
 
 from foresight import atomic, distributed, prompts
+from foresight.completions import RemoteGenerator
 from foresight.generate import Decoding, generate
 from foresight.locks import locks_output
 from foresight.models import load_model
@@ -37,12 +40,16 @@ from foresight.rollout import rollout
 from foresight.trace_data import TraceDataError, publish
 
 TRACE_SECTIONS = ("model", "task", "traces")
+# how the traces are fetched, not what they are: may change between runs into one folder
+TRANSPORT_FIELDS = ("num_prompts", "base_url", "server_model", "api_key_env", "concurrency", "request_timeout",
+                    "max_retries")
 
 
 def recipe_key(recipe) -> dict:
     d = recipe.to_dict()
     key = {s: dict(d[s]) for s in TRACE_SECTIONS}
-    key["traces"].pop("num_prompts")  # more prompts extend the same data
+    for f in TRANSPORT_FIELDS:  # num_prompts: more prompts extend the same data
+        key["traces"].pop(f)
     return key
 
 
@@ -56,6 +63,7 @@ def check_out_dir(out: Path, recipe) -> None:
             old = json.loads(rec.read_text())
         except json.JSONDecodeError:
             raise TraceDataError(f"{rec} is not valid JSON; is {out} a traces folder?") from None
+        old.get("key", {}).get("traces", {}).setdefault("engine", "hf")  # folders made before traces.engine existed
         if old.get("key") != key:
             diff = sorted(f"{s}.{k}" for s in key for k in key[s] if old.get("key", {}).get(s, {}).get(k) != key[s][k])
             raise TraceDataError(f"output folder {out} holds traces of another recipe (differs in: "
@@ -87,26 +95,44 @@ def make_traces(recipe, out: Path, progress: bool = True, log=print) -> dict:
         log(f"[traces] resuming: {len(mine) - len(todo)} of {len(mine)} batches already done")
     from tqdm import tqdm
 
+    batches = {bi: prompts.load_prompts(recipe, bi * traces_cfg.batch_size,
+                                        min(traces_cfg.batch_size, traces_cfg.num_prompts - bi * traces_cfg.batch_size), tok)
+               for bi in todo}
+    remote = None
+    if traces_cfg.engine == "openai":
+        remote = RemoteGenerator(recipe, tok, out / "completions", log=log)
+        sent = remote.start([batches[bi] for bi in todo])
+        log(f"[traces] {sent} prompts sent to {remote.client.base_url} ({traces_cfg.concurrency} in flight); "
+            f"{sum(map(len, batches.values())) - sent} completions already on disk")
     bar = tqdm(total=len(todo), desc=f"traces[rank{rank}]", disable=not progress, unit="batch")
     kept = gen_tokens = 0
     t0 = time.time()
-    for bi in todo:
-        start = bi * traces_cfg.batch_size
-        count = min(traces_cfg.batch_size, traces_cfg.num_prompts - start)
-        batch = prompts.load_prompts(recipe, start, count, tok)
-        records, n_new = run_batch(recipe, model, tok, batch, seed=traces_cfg.seed * 7919 + bi, device=device)
-        atomic.write_json(part_file(out, recipe, bi), records)
-        kept += len(records)
-        gen_tokens += n_new
-        bar.update(1)
-        bar.set_postfix(kept=kept, tok_s=f"{gen_tokens / max(time.time() - t0, 1e-9):.0f}")
+    try:
+        for bi in todo:
+            batch = batches[bi]
+            rows = [prompts.encode(p, tok) for p in batch]
+            if remote is None:
+                news = generate_batch(recipe, model, tok, rows, seed=traces_cfg.seed * 7919 + bi, device=device)
+            else:
+                news = remote.tokens(batch)
+            records, n_new = keep_and_score(recipe, model, tok, batch, rows, news, device)
+            atomic.write_json(part_file(out, recipe, bi), records)
+            kept += len(records)
+            gen_tokens += n_new
+            bar.update(1)
+            bar.set_postfix(kept=kept, tok_s=f"{gen_tokens / max(time.time() - t0, 1e-9):.0f}")
+    finally:
+        if remote is not None:
+            remote.close()
     bar.close()
     elapsed = time.time() - t0
     distributed.barrier()
     summary = {"kept_this_run": kept, "generated_tokens_this_run": gen_tokens, "seconds_this_run": round(elapsed, 2)}
+    if remote is not None:
+        summary.update(requests_this_run=remote.requests, max_in_flight=remote.max_in_flight)
     if rank == 0:
         old = json.loads((out / "meta.json").read_text()).get("throughput") if (out / "meta.json").exists() else None
-        summary.update(merge(out, recipe, n_batches, model, tok))
+        summary.update(merge(out, recipe, n_batches, model, tok, remote))
         summary["traces_per_minute"] = round(kept / max(elapsed, 1e-9) * 60, 2) if kept else 0.0
         meta = json.loads((out / "meta.json").read_text())
         meta["throughput"] = summary if (todo or old is None) else old  # a finished rerun keeps the measured one
@@ -115,17 +141,26 @@ def make_traces(recipe, out: Path, progress: bool = True, log=print) -> dict:
     return summary
 
 
-def run_batch(recipe, model, tok, batch: list, seed: int, device) -> tuple[list, int]:
-    traces_cfg = recipe.traces
-    rows = [prompts.encode(p, tok) for p in batch]
+def generate_batch(recipe, model, tok, rows: list[list[int]], seed: int, device) -> list[list[int]]:
+    """In-process generation (``traces.engine: hf``): each row's generated tokens, up to and including its EOS."""
     ids, mask = prompts.pad_rows(rows, tok.pad_token_id, device)
     gen = torch.Generator(device=device).manual_seed(seed)
-    decoding = Decoding.from_recipe(traces_cfg, tok)
-    res = generate(model, ids, mask, max_new_tokens=traces_cfg.max_new_tokens, decoding=decoding, generator=gen)
+    decoding = Decoding.from_recipe(recipe.traces, tok)
+    res = generate(model, ids, mask, max_new_tokens=recipe.traces.max_new_tokens, decoding=decoding, generator=gen)
+    return [decoding.truncate(new) for new in res.new_tokens.tolist()]
+
+
+def keep_and_score(recipe, model, tok, batch: list, rows: list, news: list, device) -> tuple[list, int]:
+    """Check each generated row, keep the correct and long ones, and score them with a full-cache pass; -> (records,
+    generated tokens). The same for every engine."""
+    traces_cfg = recipe.traces
     records, n_new = [], 0
-    for p, row, new in zip(batch, rows, res.new_tokens.tolist()):
-        new = decoding.truncate(new)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    for p, row, new in zip(batch, rows, news):
         n_new += len(new)
+        if any(not 0 <= t < vocab for t in new):
+            raise TraceDataError(f"prompt {p.index}: generated token ids outside the model's vocabulary of {vocab} "
+                                 "(was it made by another model?)")
         text = tok.decode(new, skip_special_tokens=True)
         correct = prompts.check(recipe, new, text, p.answer)
         if traces_cfg.require_correct and correct is False:
@@ -150,7 +185,7 @@ def part_file(out: Path, recipe, bi: int) -> Path:
     return Path(out) / "parts" / f"prompts-{bi * size:07d}-{min((bi + 1) * size, n):07d}.json"
 
 
-def merge(out: Path, recipe, n_batches: int, model, tok) -> dict:
+def merge(out: Path, recipe, n_batches: int, model, tok, remote=None) -> dict:
     """Merge the part files into ``OUT/dataset`` (written aside, then switched in atomically: see
     :func:`foresight.trace_data.publish`)."""
     import datasets
@@ -175,6 +210,7 @@ def merge(out: Path, recipe, n_batches: int, model, tok) -> dict:
         "model": recipe.model.path, "gguf_file": recipe.model.gguf_file, "revision": recipe.model.revision,
         "model_class": type(model).__name__, "tokenizer": type(tok).__name__, "recipe": recipe.to_dict(),
         "recipe_name": recipe.name, "seed": recipe.traces.seed,
+        "engine": remote.describe() if remote is not None else {"engine": "hf"},
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "num_traces": len(rows), "num_prompts": recipe.traces.num_prompts,
         "length": {"min": min(lengths), "mean": round(sum(lengths) / len(lengths), 1), "max": max(lengths)},

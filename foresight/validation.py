@@ -72,6 +72,8 @@ RULES = {
     "traces.num_prompts": at_least(0), "traces.batch_size": at_least(1), "traces.min_new_tokens": at_least(0),
     "traces.max_new_tokens": at_least(1), "traces.temperature": above(0), "traces.top_p": within(0, 1),
     "traces.top_k": at_least(0), "traces.loss_chunk": at_least(1), "traces.heldout_offset": at_least(0),
+    "traces.engine": one_of("hf", "openai"), "traces.concurrency": at_least(1), "traces.request_timeout": above(0),
+    "traces.max_retries": at_least(0),
     "cache.temperature": above(0),
     "scorer.hidden": at_least(1), "scorer.activation": one_of("gelu", "relu", "silu", "tanh"),
     "scorer.features": subset_of("key", "value", "attn"),
@@ -106,6 +108,8 @@ def check_recipe(recipe) -> None:
         recipe.cache.validate()
     except ValueError as e:
         problems.append(f"cache: {e}")
+    if recipe.traces.engine == "openai" and not recipe.traces.base_url:
+        problems.append("traces.engine=openai needs traces.base_url (the server's API root, e.g. http://localhost:8000/v1)")
     if recipe.kvpop.balance_min > recipe.kvpop.balance_max:
         problems.append("kvpop.balance_min must be <= kvpop.balance_max")
     if problems:

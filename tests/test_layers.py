@@ -9,10 +9,11 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "foresight"
 
 PRIMITIVES = {"config", "features", "selection", "shapes", "atomic", "handoff", "slot_attention", "statistics",
-              "view", "slots", "cache", "attention", "distributed", "reward", "prompts", "trace_data", "validation", "locks"}
+              "view", "slots", "cache", "attention", "distributed", "reward", "prompts", "trace_data", "validation", "locks",
+              "serving"}
 ENGINE = {"models", "rollout", "generate", "golden", "scorer", "policies", "kvpop.topk", "kvpop.target",
           "kvpop.scorers"}
-PLUMBING = {"training", "checkpoint", "plots", "methods", "references", "report", "styles"}
+PLUMBING = {"training", "checkpoint", "plots", "methods", "references", "report", "styles", "completions"}
 STAGES = {"traces", "sft", "grpo", "kvpop.train", "evaluate"}
 ENTRY = {"", "cli", "__main__", "demo", "bench", "integrations", "kvpop"}
 LAYERS = [PRIMITIVES, ENGINE, PLUMBING, STAGES, ENTRY]
