@@ -46,7 +46,8 @@ def foresight_attention(module, query, key, value, attention_mask, scaling=None,
 
 def _dense_pooled_attention(module, query, key, value, scaling, pooler):
     """Explicit causal attention of a chunk's queries against all keys so far ([heads, q, S] at a time), handing
-    the probabilities to a golden-label pooler (foresight.golden). Single sequence, no padding. Two [q, S]-sized
+    the probabilities to a golden-label pooler (foresight.golden). Rows are right-padded (causal masking keeps real
+    queries off the padding; the pooler drops padding queries). Two [q, S]-sized
     tensors per call (scores, then probabilities): the scale goes on the queries and only the newest [q, q] block
     is masked, in place."""
     b, hq, q, d = query.shape

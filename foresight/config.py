@@ -86,6 +86,11 @@ class EvictionSettings:
     def replace(self, **changes) -> "EvictionSettings":
         return dataclasses.replace(self, **changes)
 
+    def protected_prefix(self, prompt_len: int | None) -> int:
+        """Tokens kept besides the budget: the prompt when it is protected and fits the budget (a longer one is
+        evicted as usual under ``prompt_overflow=evict``, refused under ``error``)."""
+        return prompt_len if self.protect_prompt and prompt_len and prompt_len <= self.budget else 0
+
     def validate(self) -> None:
         """Refuse impossible settings with a message that names the problem."""
         budget, interval, sinks, window = self.budget, self.interval, self.sinks, self.window

@@ -23,6 +23,7 @@ command gives the same numbers.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -34,6 +35,7 @@ from foresight.checkpoint import read_config, record_eval
 from foresight.config import EvictionSettings
 from foresight.generate import Decoding, generate
 from foresight.golden import GoldenPolicy, block_pooled_attention
+from foresight.golden import rows_per_pass as golden_rows_per_pass
 from foresight.kvpop.target import KVpopOraclePolicy, kvpop_oracle_priorities
 from foresight.locks import locks_output
 from foresight.methods import Method, build_methods, check_names
@@ -42,7 +44,7 @@ from foresight.references import make_batch, reference_traces, stack_padded, tra
 from foresight.report import bootstrap_ci, results_table
 from foresight.reward import low_entropy_mask
 from foresight.rollout import rollout
-from foresight.selection import topk_overlap
+from foresight.selection import top_indices, topk_overlap
 from foresight.validation import parse_budgets
 
 
@@ -67,27 +69,45 @@ def eviction_steps(length: int, prefix: int, settings: EvictionSettings) -> int:
     return max(0, -(-over // settings.interval))
 
 
-def recall_vs_golden(method: Method, model, batch: dict, settings: EvictionSettings, future, seed) -> list[float]:
-    """Per trace and golden step: |method's top-L ∩ golden's L| / L along the golden trajectory (layers, heads)."""
-    if method.is_full or method.teacher_forced_only or method.stateful:
-        return []  # a stateful scorer (KVpop mLSTM) cannot score a trajectory it did not observe
-    pol = method.make_policy()
-    gen = torch.Generator(device=batch["ids"].device).manual_seed(seed)
-    prefix = batch["prompt_lens"][0] if settings.protect_prompt else 0
+@dataclasses.dataclass
+class GoldenPass:
+    """One rollout along the golden trajectory: golden's own per-token losses [b, S] and pairs held [b], and every
+    scored method's recalls (per trace and golden step)."""
+
+    loss: torch.Tensor
+    held: torch.Tensor
+    recalls: dict
+
+
+def golden_pass(methods: list[Method], model, batch: dict, settings: EvictionSettings, future, seed) -> GoldenPass:
+    """Roll the batch along the golden trajectory once; at each step, every method scores the same view (with its
+    own generator) and its top-L is compared with golden's L: |method's ∩ golden's| / L over layers and heads."""
+    scored = [m for m in methods if not (m.is_full or m.teacher_forced_only or m.stateful)]
+    hits = {m.name: [] for m in methods}  # a stateful scorer (KVpop mLSTM) cannot score a trajectory it did not observe
+    dev = batch["ids"].device
+    scorers = [(m.name, m.make_policy(), torch.Generator(device=dev).manual_seed(seed)) for m in scored]
+    prefix = settings.protected_prefix(batch["prompt_lens"][0])
     steps = [eviction_steps(n, prefix, settings) for n in batch["lengths"]]
-    hits = []
 
     def rec(st):
         v = st["view"]
-        v.generator = gen
-        s = pol.score(v).float().masked_fill(~st["evictable"], float("-inf"))
-        mine = s.topk(st["chosen"].shape[-1], -1).indices
-        per_row = topk_overlap(mine, st["chosen"]).mean((0, 2))  # [b]
-        hits.extend(per_row[r].item() for r in range(len(steps)) if st["step"] < steps[r])
+        live = [r for r in range(len(steps)) if st["step"] < steps[r]]
+        for name, pol, gen in scorers:
+            v.generator = gen
+            s = pol.score(v).float().masked_fill(~st["evictable"], float("-inf"))
+            mine = top_indices(s, st["chosen"].shape[-1])
+            per_row = topk_overlap(mine, st["chosen"]).mean((0, 2)).tolist()  # [b]
+            hits[name].extend(per_row[r] for r in live)
 
-    rollout(model, batch["ids"], GoldenPolicy(future), settings.replace(prompt_overflow="evict"),
-            prompt_len=batch["prompt_lens"][0], attention_mask=batch["mask"], recorder=rec)
-    return hits
+    res = rollout(model, batch["ids"], GoldenPolicy(future), settings, prompt_len=batch["prompt_lens"][0],
+                  attention_mask=batch["mask"], recorder=rec if scorers else None)
+    return GoldenPass(res.token_loss, res.held_per_row.cpu(), hits)
+
+
+def recalls_vs_golden(methods: list[Method], model, batch: dict, settings: EvictionSettings, future,
+                      seed) -> dict[str, list[float]]:
+    """Per method: its recalls along the golden trajectory of ``settings`` (evicting inside an oversized prompt)."""
+    return golden_pass(methods, model, batch, settings.replace(prompt_overflow="evict"), future, seed).recalls
 
 
 def accuracy(method: Method, recipe, model, tok, problems, budget: int, interval: int, device):
@@ -208,13 +228,21 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
                  for flag in (False, True)}
     futures, priorities = {}, {}
 
-    def future_for(batch, B, L):
-        for i in batch["members"]:
-            if (i, B, L) not in futures:
-                blocks = EvictionSettings(budget=B, interval=L)
-                futures[(i, B, L)] = block_pooled_attention(model, refs[i]["ids"], blocks,
-                                                            recipe.sft.golden_pool).future()
-        return stack_padded([futures[(i, B, L)] for i in batch["members"]], (1, 3))
+    def future_for(batch, settings: EvictionSettings):
+        """The batch's golden futures under ``settings`` (blocks after the protected prompt, if any), computed
+        for the traces that lack them in batched passes and kept for the other methods."""
+        B, L = settings.budget, settings.interval
+        prefix = settings.protected_prefix(batch["prompt_lens"][0])
+        rows = [r for r, i in enumerate(batch["members"]) if (i, B, L, prefix) not in futures]
+        per_pass = golden_rows_per_pass(model, L, max(batch["lengths"]))
+        for k in range(0, len(rows), per_pass):
+            part = rows[k:k + per_pass]
+            lengths = [batch["lengths"][r] for r in part]
+            pooler = block_pooled_attention(model, batch["ids"][part, :max(lengths)], EvictionSettings(budget=B, interval=L),
+                                            recipe.sft.golden_pool, lengths=lengths, prefix=prefix)
+            for r, f in zip(part, pooler.futures()):
+                futures[(batch["members"][r], B, L, prefix)] = f
+        return stack_padded([futures[(i, B, L, prefix)] for i in batch["members"]], (1, 3))
 
     def priorities_for(batch):
         for i in batch["members"]:
@@ -224,6 +252,19 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
 
     max_prompt = max(r["prompt_len"] for r in refs)
     overflow = recipe.cache.prompt_overflow
+    shared_passes = {}
+
+    def golden_pass_for(m, B, L, settings, bi, batch, future, seed) -> GoldenPass:
+        """Batch ``bi``'s golden pass under ``m``'s settings: one rollout serves golden's own row and the recalls of
+        every pending method with the same settings at this budget (run for the first of them)."""
+        settings = settings.replace(prompt_overflow="evict")
+        key = (dataclasses.astuple(settings), m.protect_prompt, bi)
+        if key not in shared_passes:
+            group = [x for x in meths if (x.name, B, L) not in done and x.protect_prompt == m.protect_prompt
+                     and x.settings(B, L, "evict") == settings]
+            shared_passes[key] = golden_pass(group, model, batch, settings, future, seed)
+        return shared_passes[key]
+
     from tqdm import tqdm
 
     jobs = [(m, B, L) for (B, L) in budget_list for m in meths]
@@ -252,13 +293,17 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
         settings = m.settings(B, L, overflow)
         metrics = TraceMetrics()
         for bi, batch in enumerate(batches):
-            future = None if m.is_full else future_for(batch, B, L)
+            future = None if m.is_full else future_for(batch, settings)
             prio = priorities_for(batch) if m.kind == "kvpop-oracle" else None
             seed = eval_cfg.seed * 7919 + bi
-            loss, held = teacher_forced(m, model, batch, settings, seed, future, prio)
+            if m.kind == "golden":  # golden's own rollout is the golden pass
+                gp = golden_pass_for(m, B, L, settings, bi, batch, future, seed)
+                loss, held = gp.loss, gp.held
+            else:
+                loss, held = teacher_forced(m, model, batch, settings, seed, future, prio)
             metrics.add(loss, held, batch, protect_label is True, settings)
             if future is not None:
-                metrics.recalls += recall_vs_golden(m, model, batch, settings, future, seed)
+                metrics.recalls += golden_pass_for(m, B, L, settings, bi, batch, future, seed).recalls.pop(m.name, [])
             bar.update(1)
         acc, n = accuracy(m, recipe, model, tok, problems, B, L, device)
         bar.update(1)
@@ -281,6 +326,6 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
         next((m for m in meths if m.name == "golden"), None) or next((m for m in meths if not m.is_full), None)
     if best is not None and refs:
         B, L = budget_list[0]
-        plots.eviction_map(model, refs[0], best, B, L, futures.get((0, B, L)), out / "eviction_map.png")
+        plots.eviction_map(model, refs[0], best, B, L, futures.get((0, B, L, 0)), out / "eviction_map.png")
     log(results_table(rows, meta))
     return rows

@@ -9,6 +9,7 @@ block may be shorter):
   GQA group. Pooling is configurable: ``mean`` (default, as the released code; a token that matters to a
   whole block outranks one hit by a single query, which is what the loss under eviction rewards) or ``max``.
   A short last block is averaged over its real queries only (the released code pads it with zeros).
+* With a protected prompt of P tokens the blocks start at P + B instead of B (the cache evicts at P + B + L).
 * The engine's eviction step ``t`` runs right after block ``t`` (when the cache holds ``B + L``); its future is
   blocks ``u ≥ t + 1``, so the candidate ``j``'s future score is ``F_t[h, j] = max_{u ≥ t+1} a_u[h, j]``.
 * Golden eviction drops the ``L`` candidates with the lowest future score (the newest L are protected by the
@@ -34,51 +35,81 @@ from foresight.shapes import AttentionShape
 
 
 class BlockPooler:
-    """Collects ``a_u`` for every layer during a dense pass (used by :func:`foresight_attention`)."""
+    """Collects ``a_u`` for every layer and row during a dense pass (used by :func:`foresight_attention`).
 
-    def __init__(self, num_layers: int, kv_heads: int, S: int, budget: int, interval: int, pool: str, device):
+    Rows are right-padded traces of ``lengths`` tokens; blocks start at ``start`` (the budget, plus the protected
+    prompt when the cache protects it) for every row. Padding queries are left out of the pooling."""
+
+    def __init__(self, num_layers: int, kv_heads: int, lengths: list[int], start: int, interval: int, pool: str,
+                 device):
         if pool not in ("mean", "max"):
             raise ValueError(f"golden pooling must be 'mean' or 'max', got {pool!r}")
-        self.B, self.L, self.pool = budget, interval, pool
-        self.n_blocks = max(0, -(-(S - budget) // interval))
-        self.a = torch.zeros(num_layers, self.n_blocks, kv_heads, S, device=device)
+        self.B, self.L, self.pool, self.lengths = start, interval, pool, list(lengths)
+        S = max(self.lengths)
+        self.n_blocks = max(0, -(-(S - start) // interval))
+        self.a = torch.zeros(num_layers, len(self.lengths), self.n_blocks, kv_heads, S, device=device)
+        self.length = torch.tensor(self.lengths, device=device)
         self.pos = 0  # first query position of the current chunk
 
     def add(self, layer_idx: int, probs: torch.Tensor) -> None:
-        """probs: [b=1, Hq, q, k] post-softmax attention of the chunk's queries (positions pos..pos+q)."""
-        q = probs.shape[2]
-        u = (self.pos - self.B) // self.L
+        """probs: [b, Hq, q, k] post-softmax attention of the chunk's queries (positions pos..pos+q)."""
         if self.pos < self.B:
             return
-        p = probs[0]  # [Hq, q, k]
-        hq, _, k = p.shape
-        h = self.a.shape[2]
-        p = p.view(h, hq // h, q, k)
-        pooled_q = p.mean(2) if self.pool == "mean" else p.amax(2)  # [h, g, k]
-        self.a[layer_idx, u, :, :k] = pool_group(pooled_q, self.pool)
+        b, hq, q, k = probs.shape
+        u = (self.pos - self.B) // self.L
+        h = self.a.shape[3]
+        p = probs.view(b, h, hq // h, q, k)
+        real = (self.pos + torch.arange(q, device=probs.device)) < self.length[:, None]  # [b, q]
+        if real.all():
+            pooled_q = p.mean(3) if self.pool == "mean" else p.amax(3)  # [b, h, g, k]
+        elif self.pool == "mean":
+            w = real.to(p.dtype)[:, None, None, :, None]
+            pooled_q = (p * w).sum(3) / w.sum(3).clamp(min=1)
+        else:
+            pooled_q = p.masked_fill(~real[:, None, None, :, None], 0.0).amax(3)
+        self.a[layer_idx, :, u, :, :k] = pool_group(pooled_q, self.pool)
 
-    def future(self) -> torch.Tensor:
-        """F[t] = max over blocks u >= t + 1 of a_u, for t = 0..n_blocks-1 (zeros past the last block)."""
-        suffix = self.a.flip(1).cummax(1).values.flip(1)  # suffix[u] = max_{u' >= u}
+    def future(self, row: int = 0) -> torch.Tensor:
+        """Row ``row``'s F[t] = max over blocks u >= t + 1 of a_u, for t = 0..n_blocks-1 (zeros past the last
+        block): [layers, its blocks, kv heads, its length]."""
+        S = self.lengths[row]
+        n = max(0, -(-(S - self.B) // self.L))
+        a = self.a[:, row, :n, :, :S]
+        suffix = a.flip(1).cummax(1).values.flip(1)  # suffix[u] = max_{u' >= u}
         out = torch.zeros_like(suffix)
         out[:, :-1] = suffix[:, 1:]
         return out
 
+    def futures(self) -> list[torch.Tensor]:
+        return [self.future(r) for r in range(len(self.lengths))]
+
+
+def rows_per_pass(model, interval: int, length: int, limit: int = 2**28) -> int:
+    """How many traces one batched golden pass takes so that a chunk's explicit scores ([rows, query heads, L, S]
+    fp32) stay under ``limit`` values."""
+    return max(1, limit // (AttentionShape.of(model.config).q_heads * interval * max(length, 1)))
+
 
 @torch.no_grad()
-def block_pooled_attention(model, input_ids: torch.Tensor, settings: EvictionSettings, pool: str = "mean"):
-    """One dense chunked pass over ``input_ids`` [1, S] with the blocks of ``settings`` (B, L); returns the
-    :class:`BlockPooler` holding ``a_u``."""
-    if input_ids.shape[0] != 1:
-        raise ValueError("golden labels are computed one trace at a time ([1, S] input)")
-    S, budget, interval = input_ids.shape[1], settings.budget, settings.interval
+def block_pooled_attention(model, input_ids: torch.Tensor, settings: EvictionSettings, pool: str = "mean",
+                           lengths: list[int] | None = None, prefix: int = 0):
+    """One dense chunked pass over ``input_ids`` [b, S] (right-padded traces of ``lengths`` tokens; all S when
+    None) with the blocks of ``settings`` (B, L), starting after a protected ``prefix`` (the prompt, when the cache
+    protects it: evictions then begin at prefix + B + L); returns the :class:`BlockPooler` holding ``a_u``.
+    ``.future()`` is the first row's future, ``.futures()`` every row's."""
+    b, S = input_ids.shape
+    lengths = [S] * b if lengths is None else list(lengths)
+    if len(lengths) != b or max(lengths) > S or min(lengths) < 1:
+        raise ValueError(f"lengths {lengths} do not fit input_ids of shape {tuple(input_ids.shape)}")
+    S = max(lengths)
+    start, interval = prefix + settings.budget, settings.interval
     shape = AttentionShape.of(model.config)
-    pooler = BlockPooler(shape.num_layers, shape.kv_heads, S, budget, interval, pool, input_ids.device)
+    pooler = BlockPooler(shape.num_layers, shape.kv_heads, lengths, start, interval, pool, input_ids.device)
     cache = DynamicCache()
     s = 0
     with attn_mod.pooling(pooler):
         while s < S:
-            q = min(budget - s, interval) if s < budget else min(interval, S - s)
+            q = min(start - s, interval) if s < start else interval
             q = min(q, S - s)
             pooler.pos = s
             model(input_ids=input_ids[:, s:s + q], cache=cache, use_cache=True)

@@ -48,10 +48,12 @@ def make_cache(model, policy, settings: EvictionSettings | None, prompt_len: int
     return BoundedCache(model.config, policy, settings, prompt_len=prompt_len, recorder=recorder, generator=generator)
 
 
-def forward_chunks(model, cache, input_ids: torch.Tensor, mask: torch.Tensor, chunk: int):
+def forward_chunks(model, cache, input_ids: torch.Tensor, mask: torch.Tensor, chunk: int, last_logits_only: bool = False):
     """Feed ``input_ids`` [b, S] (``mask`` bool [b, S], False = left padding) through ``model`` in chunks: up to
     each eviction point of a :class:`BoundedCache`, ``chunk`` tokens at a time for a full cache. Yields
-    ``(start, end, logits [b, end - start, V])``."""
+    ``(start, end, logits [b, end - start, V])``, or ``[b, 1, V]`` (the chunk's last position) with
+    ``last_logits_only`` (a prefill: the vocabulary projection of one position per row, not of the whole chunk)."""
+    extra = {"logits_to_keep": 1} if last_logits_only else {}
     S = input_ids.shape[1]
     positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
     bounded = isinstance(cache, BoundedCache)
@@ -60,7 +62,7 @@ def forward_chunks(model, cache, input_ids: torch.Tensor, mask: torch.Tensor, ch
         q = cache.next_chunk(S - s) if bounded else min(chunk, S - s)
         kw = cache.feed(mask[:, s:s + q]) if bounded else {"attention_mask": mask[:, : s + q].long()}
         out = model(input_ids=input_ids[:, s:s + q], position_ids=positions[:, s:s + q], cache=cache,
-                    use_cache=True, **kw)
+                    use_cache=True, **kw, **extra)
         yield s, s + q, out.logits
         s += q
 

@@ -36,9 +36,16 @@ def masked_scores(scores: torch.Tensor, evictable: torch.Tensor) -> torch.Tensor
     return scores.float().masked_fill(~evictable, float("-inf"))
 
 
+def top_indices(s: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices [..., k] of the k largest values, equal values in slot order (slots are in token order: the oldest
+    first). ``topk`` breaks ties as each device's kernel happens to (max-pooled scores such as SnapKV's and R-KV's
+    tie between neighbours, so CPU and GPU kept different pairs); a stable sort breaks them the same everywhere."""
+    return torch.sort(s, dim=-1, descending=True, stable=True).indices[..., :k]
+
+
 def select_topk(scores: torch.Tensor, evictable: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices [..., k] of the k highest eviction scores among evictable slots."""
-    return masked_scores(scores, evictable).topk(k, dim=-1).indices
+    """Indices [..., k] of the k highest eviction scores among evictable slots (ties: the oldest slot first)."""
+    return top_indices(masked_scores(scores, evictable), k)
 
 
 def topk_overlap(mine: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
@@ -70,8 +77,8 @@ def candidate_window(scores: torch.Tensor, evictable: torch.Tensor, k: int, widt
     """The Top-2L window: indices [..., m] (m = min(2k, n)) of the highest scores, and their masked scores."""
     m = min(width or 2 * k, scores.shape[-1])
     s = masked_scores(scores, evictable)
-    top = s.topk(m, dim=-1)
-    return top.indices, top.values
+    idx = top_indices(s, m)
+    return idx, s.gather(-1, idx)
 
 
 def sample_top2l(scores: torch.Tensor, evictable: torch.Tensor, k: int, temperature: float = 1.0,

@@ -32,7 +32,7 @@ from foresight.config import EvictionSettings
 from foresight.golden import GoldenPolicy, block_pooled_attention
 from foresight.locks import locks_output
 from foresight.rollout import rollout
-from foresight.selection import topk_overlap
+from foresight.selection import top_indices, topk_overlap
 from foresight.scorer import ScorerBank, bank_for_model
 from foresight.training import finish_run, full_state_dict, load_stage_inputs, optimizer_step, progress_bar, \
     resumed_extra, run_identity, save_progress, setup_training, summary_writer, train_plan
@@ -45,7 +45,8 @@ def golden_examples(model, input_ids: torch.Tensor, bank: ScorerBank, settings: 
     """Per eviction step along the golden trajectory (top-L under ``settings``): (inputs [nl,1,h,n,D],
     future [nl,1,h,n], candidates)."""
     settings = settings.replace(selection="topk")
-    policy = GoldenPolicy(block_pooled_attention(model, input_ids, settings, pool=pool).future())
+    prefix = settings.protected_prefix(prompt_len)
+    policy = GoldenPolicy(block_pooled_attention(model, input_ids, settings, pool=pool, prefix=prefix).future())
     out = []
 
     def rec(st):
@@ -90,8 +91,8 @@ def pairwise_hinge(phi, fut, cand, margin: float = 0.01, mode: str = "all", samp
 def recall_at_l(phi, fut, cand, k: int) -> torch.Tensor:
     """[R] |scorer's top-k eviction set ∩ golden set| / k within each row's candidates."""
     neg = torch.finfo(phi.dtype).min
-    mine = phi.masked_fill(~cand, neg).topk(k, -1).indices
-    gold = (-fut).masked_fill(~cand, neg).topk(k, -1).indices
+    mine = top_indices(phi.masked_fill(~cand, neg), k)
+    gold = top_indices((-fut).masked_fill(~cand, neg), k)  # golden's order: lowest future first, then the oldest
     return topk_overlap(mine, gold)
 
 

@@ -37,6 +37,36 @@ def test_blockwise_future_scores_equal_dense_reference(qwen3):
         assert torch.allclose(pooler.future(), ref, atol=1e-6), pool
 
 
+def test_batched_golden_labels_of_padded_traces_equal_one_by_one(qwen3):
+    """Right-padded traces of different lengths in one pass: each row's future equals its own single pass (padding
+    queries are left out of the block means, the short last blocks included)."""
+    lengths = [77, 61, 90, 40]
+    rows = [torch.randint(8, 170, (1, n)) for n in lengths]
+    ids = torch.zeros(len(rows), max(lengths), dtype=torch.long)
+    for r, x in enumerate(rows):
+        ids[r, :x.shape[1]] = x[0]
+    for pool in ("mean", "max"):
+        batched = block_pooled_attention(qwen3, ids, EvictionSettings(budget=24, interval=8), pool, lengths).futures()
+        for r, x in enumerate(rows):
+            alone = block_pooled_attention(qwen3, x, EvictionSettings(budget=24, interval=8), pool).future()
+            assert batched[r].shape == alone.shape
+            assert torch.allclose(batched[r], alone, atol=1e-6), (pool, r)
+
+
+def test_golden_blocks_start_after_a_protected_prompt(qwen3):
+    """With the prompt protected the cache evicts at P + B + L: the golden blocks start at P + B, so that step t's
+    future is what comes after the cache's step t (before, they started at B whatever the prompt)."""
+    P, B, L, S = 20, 24, 8, 100
+    ids = torch.randint(8, 170, (1, S))
+    F = block_pooled_attention(qwen3, ids, EvictionSettings(budget=B, interval=L), prefix=P).future()
+    shifted = dense_future(qwen3, ids, P + B, L, "mean")
+    assert F.shape == shifted.shape and torch.allclose(F, shifted, atol=1e-6)
+    settings = EvictionSettings(budget=B, interval=L, protect_prompt=True)
+    steps = []
+    rollout(qwen3, ids, GoldenPolicy(F), settings, prompt_len=P, recorder=steps.append)
+    assert len(steps) == F.shape[1] - 1  # one eviction per block but the last, as without a prompt
+
+
 def test_golden_trajectory_matches_naive_simulation(qwen3):
     B, L, S = 24, 8, 90
     ids = torch.randint(8, 170, (1, S))

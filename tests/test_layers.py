@@ -15,7 +15,7 @@ ENGINE = {"models", "rollout", "generate", "golden", "scorer", "policies", "kvpo
           "kvpop.scorers"}
 PLUMBING = {"training", "checkpoint", "plots", "methods", "references", "report", "styles", "completions"}
 STAGES = {"traces", "sft", "grpo", "kvpop.train", "evaluate"}
-ENTRY = {"", "cli", "__main__", "demo", "bench", "integrations", "kvpop"}
+ENTRY = {"", "cli", "__main__", "demo", "bench", "integrations", "kvpop", "opcount"}
 LAYERS = [PRIMITIVES, ENGINE, PLUMBING, STAGES, ENTRY]
 
 

@@ -75,3 +75,18 @@ def test_logprob_outside_window_is_clamped_and_large_k_is_finite():
     assert (lp > ordered_logprob(big, evb, ch)).all()  # a set is likelier than any one order of it
     fine = set_logprob(big, evb, ch, grid=4096)
     assert torch.allclose(lp, fine, rtol=1e-4)
+
+
+def test_ties_are_broken_towards_the_oldest_slot_on_every_device():
+    """Max-pooled scores (SnapKV, R-KV) tie between neighbours; ``topk`` breaks ties as each kernel happens to (on
+    this CPU it returned slots 198, 200, 199, ... of 300 equal scores), so CPU and GPU kept different pairs. A stable
+    order evicts the oldest of equal candidates, the same everywhere."""
+    from foresight.selection import candidate_window, select_topk
+
+    flat = torch.zeros(2, 300)
+    ok = torch.ones(2, 300, dtype=torch.bool)
+    assert select_topk(flat, ok, 5).tolist() == [[0, 1, 2, 3, 4]] * 2
+    s = torch.tensor([[1.0, 3.0, 3.0, 3.0, 2.0, 3.0]])
+    assert select_topk(s, torch.ones_like(s, dtype=torch.bool), 2).tolist() == [[1, 2]]
+    idx, vals = candidate_window(s, torch.tensor([[True, False, True, True, True, True]]), 2)
+    assert idx.tolist() == [[2, 3, 5, 4]] and vals.tolist() == [[3.0, 3.0, 3.0, 2.0]]

@@ -1,0 +1,128 @@
+"""Machine-independent costs of the eviction engine: how many aten operations it dispatches per chunk and layer
+beyond a plain forward of the same chunks, and the largest tensor a chunked prefill materialises. Counted with a
+``TorchDispatchMode``, so the figures are the same on any machine (a regression shows on CPU in the tests) and
+track GPU kernel launches, which is what bounds the engine on a GPU.
+
+``python -m foresight.opcount`` prints them for the reference shape of issue #16 (a 4-layer Qwen3, d=256, 8 query
+/ 4 KV heads, B=256, L=64, 1,024 tokens; batch 4, vocabulary 1,000 for the prefill); ``make bench`` includes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from foresight.config import EvictionSettings
+
+IGNORED = {"aten.detach.default", "aten.alias.default", "aten._to_copy.default"}  # views of no cost, dtype moves
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts dispatched aten operations and the largest tensor any of them returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+        self.largest = 0
+        self.by_name: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = str(func)
+        if name not in IGNORED:
+            self.ops += 1
+            self.by_name[name] = self.by_name.get(name, 0) + 1
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+def reference_model(vocab: int = 1000, layers: int = 4, seed: int = 0):
+    """The issue's reference shape (random weights: counts do not depend on their values)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from foresight.attention import use_foresight_attention
+
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=vocab, hidden_size=256, intermediate_size=512, num_hidden_layers=layers,
+                      num_attention_heads=8, num_key_value_heads=4, head_dim=32, max_position_embeddings=8192,
+                      tie_word_embeddings=True)
+    return use_foresight_attention(Qwen3ForCausalLM(cfg).eval())
+
+
+def _policy(name: str, model):
+    from foresight.policies import make_policy
+    from foresight.scorer import LearnedPolicy, bank_for_model
+
+    return LearnedPolicy(bank_for_model(model)) if name == "learned" else make_policy(name)
+
+
+@torch.no_grad()
+def ops_per_chunk(policy: str, model=None, S: int = 1024, B: int = 256, L: int = 64) -> dict:
+    """A teacher-forced rollout of ``S`` tokens under ``policy`` against a plain forward of the same chunks through
+    transformers' ``DynamicCache``: dispatched operations per chunk and layer, for both and their difference."""
+    from transformers import DynamicCache
+
+    from foresight.rollout import rollout
+
+    model = model or reference_model()
+    layers = model.config.num_hidden_layers
+    ids = torch.randint(10, model.config.vocab_size, (1, S), generator=torch.Generator().manual_seed(0))
+    settings = EvictionSettings(budget=B, interval=L)
+    chunks = [B + L] + [L] * ((S - B - L) // L) + ([(S - B - L) % L] if (S - B - L) % L else [])
+    with OpCounter() as plain:
+        cache, s = DynamicCache(), 0
+        for q in chunks:
+            model(input_ids=ids[:, s:s + q], cache=cache, use_cache=True)
+            s += q
+    with OpCounter() as ours:
+        rollout(model, ids, _policy(policy, model), settings, generator=torch.Generator().manual_seed(0))
+    per = len(chunks) * layers
+    return {"policy": policy, "chunks": len(chunks), "layers": layers, "plain_per_chunk_layer": round(plain.ops / per, 1),
+            "rollout_per_chunk_layer": round(ours.ops / per, 1), "extra_per_chunk_layer": round((ours.ops - plain.ops) / per, 1)}
+
+
+@torch.no_grad()
+def prefill_largest(prompt_len: int, policy: str = "h2o", model=None, batch: int = 4, B: int = 256, L: int = 64) -> dict:
+    """The largest tensor (values) materialised while a bounded cache prefills ``batch`` prompts of ``prompt_len``
+    tokens and decodes one token, against the bound max(b·V, b·H·L·(B+L))."""
+    from foresight.generate import generate
+
+    model = model or reference_model()
+    ids = torch.randint(10, model.config.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(0))
+    with OpCounter() as c:
+        generate(model, ids, max_new_tokens=1, policy=_policy(policy, model),
+                 settings=EvictionSettings(budget=B, interval=L), generator=torch.Generator().manual_seed(0))
+    bound = max(batch * model.config.vocab_size, batch * model.config.num_attention_heads * L * (B + L))
+    return {"prompt_len": prompt_len, "policy": policy, "largest": c.largest, "bound": bound}
+
+
+def report(policies=("streamingllm", "h2o", "learned"), prompts=(1024, 4096)) -> dict:
+    model = reference_model()
+    return {"ops": [ops_per_chunk(p, model) for p in policies],
+            "prefill": [prefill_largest(n, model=model) for n in prompts]}
+
+
+def table(res: dict) -> str:
+    lines = ["| policy | plain forward ops / chunk / layer | rollout | extra |", "|---|---|---|---|"]
+    lines += [f"| {r['policy']} | {r['plain_per_chunk_layer']} | {r['rollout_per_chunk_layer']} | "
+              f"+{r['extra_per_chunk_layer']} |" for r in res["ops"]]
+    lines += ["", "| prompt | largest tensor in the prefill | bound max(b·V, b·H·L·(B+L)) |", "|---|---|---|"]
+    lines += [f"| {r['prompt_len']} | {r['largest']:,} | {r['bound']:,} |" for r in res["prefill"]]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    res = report()
+    print(json.dumps(res) if args.json else table(res))
+
+
+if __name__ == "__main__":
+    main()
