@@ -8,7 +8,9 @@
 * golden labels (blockwise future attention) versus one dense forward pass;
 * generation tokens/s, cache bytes and peak RSS at 1k, 4k, 8k new tokens: full cache versus B=512, L=128
   (each configuration in its own process, so peak RSS is its own);
-* scorer overhead: the share of decode time spent scoring with learned scorers (paper: 2.7%), in its own process.
+* scorer overhead: the share of decode time spent scoring with learned scorers (paper: 2.7%), in its own process;
+* machine-independent counts (:mod:`foresight.opcount`): aten operations per chunk and layer beyond a plain forward,
+  and the largest transient tensor of a chunked prefill.
 
 Writes ``bench.json`` and prints a table.
 """
@@ -190,6 +192,10 @@ def table(res: dict) -> str:
         lines.append(f"| {r['new_tokens']} | {name} | {r['tokens_per_s']} | {r['cache_bytes']} | {r['peak_rss_mb']} |")
     s = res["scorer_overhead"]
     lines += ["", f"scorer overhead: {s['scorer_s']} s of {s['decode_s']} s decode = {100 * s['scorer_share']:.2f}%"]
+    if "counts" in res:
+        from foresight import opcount
+
+        lines += ["", opcount.table(res["counts"])]
     return "\n".join(lines)
 
 
@@ -209,6 +215,9 @@ def main(argv=None):
                                     for r in bench_rollout((16384,), policy=p, golden=False, runs=3)],
                # GRPO's setting: a group of 8 trajectories of one trace as one batch, against a dense pass over 8 rows
                "rollout_group": bench_rollout((16384,), batch=8, policy="learned", golden=False)}
+    from foresight import opcount
+
+    res["counts"] = opcount.report()  # machine-independent: operations per chunk and layer, prefill memory
     res["threads"] = torch.get_num_threads()
     a.out.write_text(json.dumps(res, indent=1))
     t = table(res)

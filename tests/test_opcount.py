@@ -1,0 +1,43 @@
+"""Machine-independent costs of the engine (issue #16): dispatched operations per chunk and layer beyond a plain
+forward of the same chunks, and the working memory of a chunked prefill. The bounds are today's figures plus a little
+room; a change that adds per-layer Python work or a prompt-sized tensor fails here, on any machine."""
+
+import pytest
+
+from foresight import opcount
+
+# measured at the reference shape (4-layer Qwen3, d=256, 8q/4kv, B=256, L=64, 1,024 tokens): +58.8, +104.2, +143.5
+EXTRA_OPS_BOUND = {"streamingllm": 62, "h2o": 108, "learned": 148}
+
+
+@pytest.fixture(scope="module")
+def model():
+    return opcount.reference_model()
+
+
+@pytest.mark.parametrize("policy", sorted(EXTRA_OPS_BOUND))
+def test_operations_per_chunk_and_layer_stay_bounded(model, policy):
+    r = opcount.ops_per_chunk(policy, model)
+    assert 90 < r["plain_per_chunk_layer"] < 120  # transformers' own forward, for scale
+    assert 0 < r["extra_per_chunk_layer"] <= EXTRA_OPS_BOUND[policy], r
+
+
+def test_prefill_working_memory_does_not_grow_with_the_prompt(model):
+    """Only the last position's logits are projected, the attention of a chunk is [b, H, L, B+L] and an eviction
+    copies one layer's pairs at a time: the largest transient tensor stays within max(b·V, b·H·L·(B+L)) for a 1k and a
+    4k prompt (before: a gathered copy of the whole cache, 1,048,576 values)."""
+    short, long = (opcount.prefill_largest(n, model=model) for n in (1024, 4096))
+    assert short["largest_transient"] == long["largest_transient"] <= short["bound"] == 655_360
+    assert short["largest_resident"] == long["largest_resident"]  # the cache's storage: B + L slots, whatever the prompt
+
+
+def test_the_counter_sees_views_as_free_and_allocations_as_allocations():
+    import torch
+
+    x = torch.zeros(1000)
+    with opcount.OpCounter(track_from=10) as c:
+        x[:500].add_(1)  # a view and an in-place op: no allocation
+        y = x * 2  # an allocation that stays alive
+        (x + 1).sum()  # a transient one
+    assert c.ops >= 4 and c.largest == 1000 and c.largest_resident == 1000 and c.largest_transient == 1000
+    assert y.shape == (1000,)
