@@ -95,6 +95,7 @@ class BoundedCache(Cache):
         self._pending_valid = None
         self._fused_masks = FusedMasks()
         self._chunk = None  # (n_old, q, valid[b, q]) of the forward in progress
+        self._layer_kv = None  # (layer, keys, values) of the layer whose update ran last
         self.peak_slots = 0
         self.scaling = self.head_dim ** -0.5  # the attention's softmax scale (the model's, once attend has run)
         self.policy_state: dict = {}  # anything else a stateful policy carries (e.g. a recurrent memory)
@@ -203,10 +204,11 @@ class BoundedCache(Cache):
         if layer_idx == 0:
             self._begin_chunk(key_states, q)
         n_old = self._chunk[0]
-        self.keys[layer_idx, :, :, n_old:n_old + q] = key_states
-        self.values[layer_idx, :, :, n_old:n_old + q] = value_states
-        k_view = self.keys[layer_idx, :, :, :n_old + q]
-        v_view = self.values[layer_idx, :, :, :n_old + q]
+        keys, values = self.slots.layer_keys[layer_idx], self.slots.layer_values[layer_idx]
+        keys.narrow(2, n_old, q).copy_(key_states)
+        values.narrow(2, n_old, q).copy_(value_states)
+        k_view, v_view = keys.narrow(2, 0, n_old + q), values.narrow(2, 0, n_old + q)
+        self._layer_kv = (layer_idx, k_view, v_view)  # what attend() reads next
         observe = getattr(self.policy, "observe", None)  # a stateful policy sees every new pair as it arrives
         if observe is not None:
             observe(self, layer_idx, n_old, q)
@@ -265,9 +267,10 @@ class BoundedCache(Cache):
         n_old, q, valid = self._chunk
         n = n_old + q
         self.scaling = scaling
-        K = self.keys[layer_idx, :, :, :n]
-        V = self.values[layer_idx, :, :, :n]
-        ktok = self.token[layer_idx, :, :, :n]  # [b, h, n]
+        at, K, V = self._layer_kv
+        if at != layer_idx:
+            raise RuntimeError(f"BoundedCache: attention of layer {layer_idx} without its update")
+        ktok = self.slots.layer_token[layer_idx].narrow(2, 0, n)  # [b, h, n]
         last = layer_idx == self.num_layers - 1
         if q == 1 and not self.full:
             out = torch.nn.functional.scaled_dot_product_attention(

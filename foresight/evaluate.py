@@ -59,7 +59,7 @@ def teacher_forced(method: Method, model, batch: dict, settings: EvictionSetting
         pol = GoldenPolicy(future) if method.kind == "golden" else method.make_policy()
     gen = torch.Generator(device=batch["ids"].device).manual_seed(seed)
     res = rollout(model, batch["ids"], pol, settings, prompt_len=batch["prompt_lens"][0],
-                  attention_mask=batch["mask"], generator=gen)
+                  attention_mask=batch["mask"], generator=gen, full=(batch["loss"], batch["entropy"]), entropy=False)
     return res.token_loss, res.held_per_row.cpu()
 
 
@@ -100,7 +100,8 @@ def golden_pass(methods: list[Method], model, batch: dict, settings: EvictionSet
             hits[name].extend(per_row[r] for r in live)
 
     res = rollout(model, batch["ids"], GoldenPolicy(future), settings, prompt_len=batch["prompt_lens"][0],
-                  attention_mask=batch["mask"], recorder=rec if scorers else None)
+                  attention_mask=batch["mask"], recorder=rec if scorers else None,
+                  full=(batch["loss"], batch["entropy"]), entropy=False)
     return GoldenPass(res.token_loss, res.held_per_row.cpu(), hits)
 
 

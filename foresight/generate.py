@@ -81,7 +81,7 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
     mask = attention_mask.bool()
     cache = make_cache(model, policy, settings, prompt_len=P, generator=generator)
     logits = None
-    for _, _, chunk_logits in forward_chunks(model, cache, input_ids, mask, prefill_chunk, last_logits_only=True):
+    for _, _, chunk_logits in forward_chunks(model, cache, input_ids, mask, prefill_chunk, logits_from=P):
         logits = chunk_logits[:, -1]
     next_pos = mask.long().sum(-1)  # position of the first generated token
     done = torch.zeros(b, dtype=torch.bool, device=dev)

@@ -91,7 +91,7 @@ def ops_per_chunk(policy: str, model=None, S: int = 1024, B: int = 256, L: int =
     layers = model.config.num_hidden_layers
     ids = torch.randint(10, model.config.vocab_size, (1, S), generator=torch.Generator().manual_seed(0))
     settings = EvictionSettings(budget=B, interval=L)
-    chunks = [B + L] + [L] * ((S - B - L) // L) + ([(S - B - L) % L] if (S - B - L) % L else [])
+    chunks = [L] * (S // L) + ([S % L] if S % L else [])  # the rollout's own chunks: L tokens up to each eviction
     with OpCounter() as plain:
         cache, s = DynamicCache(), 0
         for q in chunks:

@@ -22,8 +22,11 @@ from foresight.cache import BoundedCache
 from foresight.config import EvictionSettings
 
 
-def loss_and_entropy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [b, q, V] (any dtype), targets [b, q] -> (nll [b, q], entropy [b, q]) in fp32."""
+def loss_and_entropy(logits: torch.Tensor, targets: torch.Tensor, entropy: bool = True):
+    """logits [b, q, V] (any dtype), targets [b, q] -> (nll [b, q], entropy [b, q] or None) in fp32."""
+    if not entropy:  # one pass over the vocabulary instead of a materialised log-softmax
+        x = logits.float()
+        return torch.logsumexp(x, -1) - x.gather(-1, targets.unsqueeze(-1)).squeeze(-1), None
     logp = torch.log_softmax(logits.float(), dim=-1)
     nll = -logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     ent = -(logp.exp() * logp).sum(-1)
@@ -48,12 +51,11 @@ def make_cache(model, policy, settings: EvictionSettings | None, prompt_len: int
     return BoundedCache(model.config, policy, settings, prompt_len=prompt_len, recorder=recorder, generator=generator)
 
 
-def forward_chunks(model, cache, input_ids: torch.Tensor, mask: torch.Tensor, chunk: int, last_logits_only: bool = False):
+def forward_chunks(model, cache, input_ids: torch.Tensor, mask: torch.Tensor, chunk: int, logits_from: int = 0):
     """Feed ``input_ids`` [b, S] (``mask`` bool [b, S], False = left padding) through ``model`` in chunks: up to
     each eviction point of a :class:`BoundedCache`, ``chunk`` tokens at a time for a full cache. Yields
-    ``(start, end, logits [b, end - start, V])``, or ``[b, 1, V]`` (the chunk's last position) with
-    ``last_logits_only`` (a prefill: the vocabulary projection of one position per row, not of the whole chunk)."""
-    extra = {"logits_to_keep": 1} if last_logits_only else {}
+    ``(start, end, logits [b, end - start, V])``; a chunk that ends at or before ``logits_from`` yields only its last
+    position's logits ``[b, 1, V]`` (a prefill: the vocabulary projection of one position per row)."""
     S = input_ids.shape[1]
     positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
     bounded = isinstance(cache, BoundedCache)
@@ -61,6 +63,7 @@ def forward_chunks(model, cache, input_ids: torch.Tensor, mask: torch.Tensor, ch
     while s < S:
         q = cache.next_chunk(S - s) if bounded else min(chunk, S - s)
         kw = cache.feed(mask[:, s:s + q]) if bounded else {"attention_mask": mask[:, : s + q].long()}
+        extra = {"logits_to_keep": 1} if s + q <= logits_from else {}
         out = model(input_ids=input_ids[:, s:s + q], position_ids=positions[:, s:s + q], cache=cache,
                     use_cache=True, **kw, **extra)
         yield s, s + q, out.logits
@@ -70,12 +73,16 @@ def forward_chunks(model, cache, input_ids: torch.Tensor, mask: torch.Tensor, ch
 @torch.no_grad()
 def rollout(model, input_ids: torch.Tensor, policy=None, settings: EvictionSettings | None = None,
             prompt_len: int | None = None, attention_mask: torch.Tensor | None = None,
-            generator: torch.Generator | None = None, recorder=None, chunk: int = 1024) -> RolloutResult:
+            generator: torch.Generator | None = None, recorder=None, chunk: int = 1024, full=None,
+            entropy: bool = True) -> RolloutResult:
     """Teacher-force ``input_ids`` [b, S] (``attention_mask``: 0 = left padding) through ``model`` with a bounded
     cache evicting by ``policy`` under ``settings`` (``policy=None``: the full cache, in chunks of ``chunk``).
 
     ``prompt_len``: for ``settings.protect_prompt``. ``recorder(step_dict)`` is called at every eviction (see
-    :meth:`BoundedCache.evict`); ``generator`` seeds the sampler and random policies.
+    :meth:`BoundedCache.evict`); ``generator`` seeds the sampler and random policies. ``full``: the full cache's
+    (token_loss, token_entropy) of the same rows, when known (evaluation): no eviction happens before B + L tokens
+    (the cache's capacity is at least that), so those positions take the full cache's values and skip the vocabulary
+    projection. ``entropy=False``: only the losses (token_entropy is zero past those positions).
     """
     b, S = input_ids.shape
     dev = input_ids.device
@@ -87,15 +94,22 @@ def rollout(model, input_ids: torch.Tensor, policy=None, settings: EvictionSetti
     attention_mask = attention_mask.bool()
     prev_logits = None
     held_sum, held_rows = 0.0, torch.zeros(b, device=dev)
-    for s, end, logits in forward_chunks(model, cache, input_ids, attention_mask, chunk):
+    known = settings.budget + settings.interval if (full is not None and policy is not None) else 0
+    for s, end, logits in forward_chunks(model, cache, input_ids, attention_mask, chunk, logits_from=known):
         q = end - s
-        if prev_logits is not None:  # the previous chunk's last position predicts this chunk's first token
+        if end <= known:  # before any eviction: the full cache's values
+            loss[:, s:end], ent[:, s:end] = full[0][:, s:end], full[1][:, s:end]
+        elif prev_logits is not None:  # the previous chunk's last position predicts this chunk's first token
             logits_t = torch.cat([prev_logits, logits[:, :-1]], dim=1)
-            nll, h = loss_and_entropy(logits_t, input_ids[:, s:s + q])
-            loss[:, s:s + q], ent[:, s:s + q] = nll, h
+            nll, h = loss_and_entropy(logits_t, input_ids[:, s:s + q], entropy)
+            loss[:, s:s + q] = nll
+            if h is not None:
+                ent[:, s:s + q] = h
         else:
-            nll, h = loss_and_entropy(logits[:, :-1], input_ids[:, s + 1:s + q])
-            loss[:, s + 1:s + q], ent[:, s + 1:s + q] = nll, h
+            nll, h = loss_and_entropy(logits[:, :-1], input_ids[:, s + 1:s + q], entropy)
+            loss[:, s + 1:s + q] = nll
+            if h is not None:
+                ent[:, s + 1:s + q] = h
         prev_logits = logits[:, -1:]
         held = cache.n if policy is not None else end
         held_sum += held * q

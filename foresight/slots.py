@@ -20,6 +20,16 @@ class SlotStore:
         self.keys, self.values = self.kv[0], self.kv[1]
         self.token = torch.full((num_layers, batch, kv_heads, capacity), -1, device=device, dtype=torch.long)
         self.extra: dict[str, torch.Tensor] = {}  # per-slot tensors of stateful policies, kept in step
+        self._layer_views()
+
+    def _layer_views(self) -> None:
+        """Per-layer views, made once per allocation: indexing a layer on every call dispatches a select and a slice
+        per dimension, and the cache's per-layer path runs on every chunk of every layer."""
+        layers = range(self.token.shape[0])  # select() views (unbind's may not be written in place under autograd)
+        self.layer_keys = [self.keys[i] for i in layers]  # [b, h, capacity, d] each
+        self.layer_values = [self.values[i] for i in layers]
+        self.layer_token = [self.token[i] for i in layers]  # [b, h, capacity] each
+        self.layer_kv = [self.kv[:, i] for i in layers]  # [2, b, h, capacity, d] each
 
     @property
     def capacity(self) -> int:
@@ -45,13 +55,14 @@ class SlotStore:
         self.token = ext(self.token, 3, -1)
         for name, t in self.extra.items():
             self.extra[name] = ext(t, 3, 0.0)
+        self._layer_views()
 
     def gather(self, order: torch.Tensor, n: int) -> None:
         """Keep the slots ``order`` ([nl, b, h, k], ascending) of the first n; the slots after them become empty."""
         nl, b, h, k = order.shape
-        idx_kv = order[:, None, ..., None].expand(nl, 2, b, h, k, self.head_dim)
-        for layer in range(nl):  # one layer at a time: the gathered copy is one layer's pairs, not the whole cache's
-            self.kv[:, layer, ..., :k, :] = self.kv[:, layer, ..., :n, :].gather(3, idx_kv[layer])
+        idx_kv = order[:, None, ..., None].expand(nl, 2, b, h, k, self.head_dim).unbind(0)
+        for kv, idx in zip(self.layer_kv, idx_kv):  # one layer at a time: the copy is one layer's pairs, not all
+            kv.narrow(3, 0, k).copy_(kv.narrow(3, 0, n).gather(3, idx))
         self.token[..., :k] = self.token[..., :n].gather(3, order)
         for t in self.extra.values():
             t[..., :k] = t[..., :n].gather(3, order)

@@ -1,10 +1,11 @@
 """Accumulating the attention statistics of :mod:`foresight.features` for a bounded cache's slots.
 
-:class:`SlotStatistics` holds, beside the cache's slots, one buffer of the five per-slot statistics (block sum, max,
-min, the running ``cum`` and ``decay``; per query head), the newest ``features.QUERY_WINDOW`` queries (the window
-sums are recomputed from them when a policy asks) and the decoding queries whose statistics are deferred to the next
-eviction (replayed in one batched pass: between evictions the slots only grow and causality is by token index, so
-the replay sees exactly the keys each query saw). It accumulates only what the policy reads (:func:`accumulations`).
+:class:`SlotStatistics` holds, beside the cache's slots, one buffer of the per-slot statistics that are accumulated
+(block sum, max, min, the running ``cum`` and ``decay``; per query head; no rows for a policy that reads none), the
+newest ``features.QUERY_WINDOW`` queries (the window sums are recomputed from them when a policy asks) and the decoding
+queries whose statistics are deferred to the next eviction (replayed in one batched pass: between evictions the slots
+only grow and causality is by token index, so the replay sees exactly the keys each query saw). It accumulates only
+what the policy reads (:func:`accumulations`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from foresight.slot_attention import causal_block, probabilities
 from foresight.view import LazyStats
 
 STAT_ORDER = ("sum", "max", "cum", "decay", "min")  # the per-slot statistics buffer (min last: it starts at +inf)
-_CUM, _MIN = STAT_ORDER.index("cum"), STAT_ORDER.index("min")
+_ROWS_OF = {"sum": ("sum", "cum", "decay"), "max": ("max",), "min": ("min",)}  # buffer rows per accumulation
 # what is accumulated for each statistic a policy reads: block sums, maxima, minima, or the kept queries
 _ACCUMULATION = {"sum": "sum", "cum": "sum", "decay": "sum", "max": "max", "min": "min"}  # else "window"
 ALL_ACCUMULATIONS = frozenset({"sum", "max", "min", "window"})
@@ -43,8 +44,14 @@ class SlotStatistics:
                  capacity: int, pending: int, device, dtype):
         nl, b, h, d = num_layers, batch, kv_heads, head_dim
         self.needs, self.num_layers = needs, num_layers
-        self.buf = torch.zeros(len(STAT_ORDER), nl, b, h, q_heads // h, capacity, device=device, dtype=torch.float32)
-        self.buf[_MIN] = float("inf")
+        # only the rows of what is accumulated (none for a policy that reads no block statistic), in STAT_ORDER, so
+        # that the rows a block reset zeroes (sum, max) come first and min, which starts at +inf, comes last
+        self.rows = tuple(r for r in STAT_ORDER if any(r in _ROWS_OF[a] for a in needs if a in _ROWS_OF))
+        self._n_reset = sum(r in ("sum", "max") for r in self.rows)
+        self._n_zero = len(self.rows) - ("min" in self.rows)
+        self.buf = torch.zeros(len(self.rows), nl, b, h, q_heads // h, capacity, device=device, dtype=torch.float32)
+        if "min" in self.rows:
+            self.buf[-1] = float("inf")
         self._bind()
         W = features.QUERY_WINDOW
         self.recent_q = torch.zeros(nl, b, q_heads, W, d, device=device, dtype=dtype)  # the last W queries
@@ -56,8 +63,9 @@ class SlotStatistics:
         self.n_pending = 0
 
     def _bind(self):
-        """Name the views of the shared buffer (``sum``, ``max``, ``cum``, ``decay``, ``min``)."""
-        self.sum, self.max, self.cum, self.decay, self.min = (self.buf[i] for i in range(len(STAT_ORDER)))
+        """Name the views of the shared buffer (``sum``, ``max``, ``cum``, ``decay``, ``min``; None when not kept)."""
+        for name in STAT_ORDER:
+            setattr(self, name, self.buf[self.rows.index(name)] if name in self.rows else None)
 
     # ------------------------------------------------------------------------------------------- slots
     def grow(self, extra: int) -> None:
@@ -66,22 +74,32 @@ class SlotStatistics:
         shape = list(self.buf.shape)
         shape[-1] = extra
         buf = torch.cat([self.buf, torch.zeros(shape, dtype=self.buf.dtype, device=self.buf.device)], dim=-1)
-        buf[_MIN, ..., cap:] = float("inf")
+        if "min" in self.rows:
+            buf[-1, ..., cap:] = float("inf")
         self.buf = buf
         self._bind()
 
     def gather(self, order: torch.Tensor, n: int) -> None:
-        """Keep the slots ``order`` ([nl, b, h, k], ascending) of the first n; slots k..n become clean."""
+        """Keep the slots ``order`` ([nl, b, h, k], ascending) of the first n; slots k..n become clean. One layer at a
+        time, so the transient copy is one layer's statistics."""
+        if not self.rows:
+            return
         nl, b, h, k = order.shape
-        idx = order[None, :, :, :, None].expand(len(STAT_ORDER), nl, b, h, self.buf.shape[4], k)
-        self.buf[..., :k] = self.buf[..., :n].gather(5, idx)
-        self.buf[:_MIN, ..., k:n] = 0
-        self.buf[_MIN, ..., k:n] = float("inf")
+        idx = order[:, None, :, :, None].expand(nl, len(self.rows), b, h, self.buf.shape[4], k).unbind(0)
+        for li, i in enumerate(idx):
+            layer = self.buf[:, li]  # [rows, b, h, g, capacity]
+            layer.narrow(4, 0, k).copy_(layer.narrow(4, 0, n).gather(4, i))
+        self.buf[:self._n_zero, ..., k:n] = 0
+        if "min" in self.rows:
+            self.buf[-1, ..., k:n] = float("inf")
 
     def reset_block(self, sl: slice) -> None:
         """A new block starts: sum, max and min restart; cum and decay carry over."""
-        self.buf[:_CUM, ..., sl] = 0
-        self.buf[_MIN, ..., sl] = float("inf")
+        if not self.rows:
+            return
+        self.buf[:self._n_reset, ..., sl] = 0
+        if "min" in self.rows:
+            self.buf[-1, ..., sl] = float("inf")
 
     def end_block(self, n: int) -> None:
         """At an eviction: ``decay ← DECAY · decay + sum`` over the first n slots."""
@@ -95,8 +113,9 @@ class SlotStatistics:
         ``hidden``: the [.., q, n] mask of keys a query could not see (None: only the newest block is causal);
         ``valid`` [b, q]: real (not padding) queries."""
         n, q = probs.shape[-1], probs.shape[-2]
-        st_min, st_max = self.min[layer_idx], self.max[layer_idx]
         need = self.needs
+        st_min = self.min[layer_idx] if "min" in need else None
+        st_max = self.max[layer_idx] if "max" in need else None
         if hidden is None:  # no padding: all queries real, only the newest [q, q] block is causal
             w, old = probs, n - q
             if "min" in need:
@@ -113,8 +132,8 @@ class SlotStatistics:
             torch.maximum(st_max[..., :n], w.amax(3), out=st_max[..., :n])
         if "sum" in need:
             wsum = w.sum(3)
-            self.sum[layer_idx, ..., :n] += wsum
-            self.cum[layer_idx, ..., :n] += wsum
+            self.sum[layer_idx].narrow(-1, 0, n).add_(wsum)  # in place (`x[i, ..., :n] += y` also copies it back)
+            self.cum[layer_idx].narrow(-1, 0, n).add_(wsum)
 
     def remember_queries(self, layer_idx: int, query, qtok, valid) -> None:
         """Keep the latest W queries (the window statistics are recomputed from them at eviction time)."""

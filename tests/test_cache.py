@@ -176,3 +176,36 @@ def test_protected_window_option_keeps_a_wider_recent_window(qwen3):
                  settings=EvictionSettings(budget=24, interval=4, sinks=2, window=23))
 
 
+
+
+def test_known_full_cache_values_before_the_first_eviction_change_nothing(qwen3):
+    """Evaluation hands the rollout the full cache's losses: the chunks before B + L tokens (no eviction can happen
+    there) take them and skip the vocabulary projection; the rest equals a rollout that computes everything."""
+    ids = torch.randint(8, 170, (3, 90))
+    full = rollout(qwen3, ids)
+    settings = EvictionSettings(budget=24, interval=8)
+    for name in ("h2o", "streamingllm"):
+        plain = rollout(qwen3, ids, make_policy(name), settings)
+        fast = rollout(qwen3, ids, make_policy(name), settings, full=(full.token_loss, full.token_entropy),
+                       entropy=False)
+        assert torch.equal(fast.token_loss[:, :32], full.token_loss[:, :32])
+        assert torch.allclose(fast.token_loss, plain.token_loss, atol=1e-5), name
+        assert torch.allclose(fast.held_per_row, plain.held_per_row)
+        assert (fast.token_entropy[:, 33:] == 0).all()  # entropy=False: losses only
+
+
+def test_statistics_rows_are_only_those_the_policy_reads(qwen3):
+    """StreamingLLM reads no statistic: no per-slot statistics buffer at all (it was five rows per query head, 32 GB at
+    Qwen3-4B's shape with 128 sequences); H2O keeps the sums only."""
+    from foresight.scorer import LearnedPolicy, bank_for_model
+
+    ids = torch.randint(8, 170, (1, 40))
+    rows = {}
+    for name, pol in (("streamingllm", make_policy("streamingllm")), ("h2o", make_policy("h2o")),
+                      ("learned", LearnedPolicy(bank_for_model(qwen3)))):
+        cache = BoundedCache(qwen3.config, pol, EvictionSettings(budget=16, interval=8))
+        feed_chunks(qwen3, cache, ids)
+        rows[name] = (cache.stats.rows, cache.stats.buf.numel())
+    assert rows["streamingllm"] == ((), 0)
+    assert rows["h2o"][0] == ("sum", "cum", "decay")
+    assert rows["learned"][0] == ("sum", "max", "cum", "decay", "min") and rows["learned"][1] > rows["h2o"][1] > 0
