@@ -327,6 +327,9 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
         next((m for m in meths if m.name == "golden"), None) or next((m for m in meths if not m.is_full), None)
     if best is not None and refs:
         B, L = budget_list[0]
-        plots.eviction_map(model, refs[0], best, B, L, futures.get((0, B, L, 0)), out / "eviction_map.png")
+        prefix = best.settings(B, L, "evict").protected_prefix(refs[0]["prompt_len"])
+        future = futures.get((0, B, L, prefix))
+        if future is not None or not best.teacher_forced_only:  # golden's map needs its labels (resumed runs lack them)
+            plots.eviction_map(model, refs[0], best, B, L, future, out / "eviction_map.png")
     log(results_table(rows, meta))
     return rows

@@ -156,3 +156,15 @@ def test_references_are_seeded_per_prompt_batched_and_cached(tiny_model_dir, mon
     other = load_recipe("recipes/tiny-qwen3.yaml", sets + ["traces.max_new_tokens=13"])
     with pytest.raises(AssertionError, match="generated"):  # another trace length is another reference
         references.reference_traces(other, model, tok, problems, "cpu", use_cache=True, log=lambda *_: None)
+
+
+def test_eval_with_every_prompt_protected_draws_golden_from_its_own_labels(tiny_model_dir, tmp_path):
+    """eval.protect_prompt=true: golden's labels are keyed by the protected prompt (their blocks start at P + B, see
+    test_golden), and the eviction map, drawn for golden when no scorer is evaluated, finds them."""
+    r = load_recipe("recipes/tiny-qwen3.yaml", [f"model.path={tiny_model_dir}", *SETS, "eval.protect_prompt=true",
+                                                "traces.max_new_tokens=40"])
+    rows = run_eval(r, tmp_path / "ev", methods="full,golden,h2o,streamingllm", budgets="24:8", progress=False,
+                    log=lambda *_: None)
+    assert [x["protect_prompt"] for x in rows] == [False, True, True, True]  # the full cache keeps everything anyway
+    assert all(x["mean_cache"] > 24 for x in rows)  # the 21-token prompt is held besides the budget
+    assert (tmp_path / "ev" / "eviction_map.png").exists()
