@@ -84,8 +84,12 @@ class RemoteGenerator:
         raise ServerError(f"the server at {self.client.base_url} rejected every request style:\n  " + "\n  ".join(errors))
 
     def describe(self) -> dict:
+        style = self.style
+        if style is None:  # nothing was sent this run: the style the stored completions were made with
+            stored = next(iter(sorted(self.folder.glob("prompt-*.json"))), None)
+            style = json.loads(stored.read_text()).get("request_style") if stored is not None else None
         return {"engine": "openai", "base_url": self.client.base_url, "server_model": self.model_name,
-                "request_style": self.style, "concurrency": self.cfg.concurrency}
+                "request_style": style, "concurrency": self.cfg.concurrency}
 
     def body(self, ids: list[int], seed: int, style: str, max_tokens: int | None = None) -> dict:
         cfg = self.cfg

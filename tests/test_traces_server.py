@@ -106,6 +106,9 @@ def test_greedy_traces_through_the_server_equal_in_process_ones(server, tmp_path
     assert meta["engine"] == {"engine": "openai", "base_url": server.url, "server_model": TEACHER,
                               "request_style": "transformers", "concurrency": 8}
     assert json.loads((tmp_path / "hf" / "meta.json").read_text())["engine"] == {"engine": "hf"}
+    again = traces.make_traces(remote(server.url), tmp_path / "srv", **QUIET)  # finished: nothing is sent
+    assert again["requests_this_run"] == 0
+    assert json.loads((tmp_path / "srv" / "meta.json").read_text())["engine"] == meta["engine"]
 
 
 def test_a_killed_server_fails_clearly_and_a_rerun_completes_without_duplicates(tmp_path):
