@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from foresight import opcount
 from foresight.config import EvictionSettings, ModelConfig
 
 
@@ -62,21 +63,13 @@ def _time_pair(fa, fb, repeat=3):
     return ta, tb
 
 
-def _policy(name: str, model):
-    from foresight.policies import make_policy
-    from foresight.scorer import LearnedPolicy, bank_for_model
-
-    # a randomly initialised scorer bank costs what a trained one does
-    return LearnedPolicy(bank_for_model(model)) if name == "learned" else make_policy(name)
-
-
 def _rollout_child(S: int, B: int, L: int, batch: int, policy: str, golden: bool):
     """Runs in a subprocess: one rollout row (dense pass vs rollout, and golden labels when asked)."""
     from foresight.golden import block_pooled_attention
     from foresight.rollout import rollout
 
     model, _ = _model()
-    pol = _policy(policy, model)
+    pol = opcount.policy_for(policy, model)
     ids = torch.randint(8, 170, (1, S), generator=torch.Generator().manual_seed(S)).expand(batch, -1).contiguous()
 
     def dense_pass():
@@ -193,8 +186,6 @@ def table(res: dict) -> str:
     s = res["scorer_overhead"]
     lines += ["", f"scorer overhead: {s['scorer_s']} s of {s['decode_s']} s decode = {100 * s['scorer_share']:.2f}%"]
     if "counts" in res:
-        from foresight import opcount
-
         lines += ["", opcount.table(res["counts"])]
     return "\n".join(lines)
 
@@ -215,8 +206,6 @@ def main(argv=None):
                                     for r in bench_rollout((16384,), policy=p, golden=False, runs=3)],
                # GRPO's setting: a group of 8 trajectories of one trace as one batch, against a dense pass over 8 rows
                "rollout_group": bench_rollout((16384,), batch=8, policy="learned", golden=False)}
-    from foresight import opcount
-
     res["counts"] = opcount.report()  # machine-independent: operations per chunk and layer, prefill memory
     res["threads"] = torch.get_num_threads()
     a.out.write_text(json.dumps(res, indent=1))

@@ -105,12 +105,6 @@ def golden_pass(methods: list[Method], model, batch: dict, settings: EvictionSet
     return GoldenPass(res.token_loss, res.held_per_row.cpu(), hits)
 
 
-def recalls_vs_golden(methods: list[Method], model, batch: dict, settings: EvictionSettings, future,
-                      seed) -> dict[str, list[float]]:
-    """Per method: its recalls along the golden trajectory of ``settings`` (evicting inside an oversized prompt)."""
-    return golden_pass(methods, model, batch, settings.replace(prompt_overflow="evict"), future, seed).recalls
-
-
 def accuracy(method: Method, recipe, model, tok, problems, budget: int, interval: int, device):
     """Task accuracy of generation under the method (pass@1 averaged over the seeded samples), and the samples."""
     if method.teacher_forced_only or recipe.task.kind == "none":

@@ -46,10 +46,14 @@ class BlockPooler:
             raise ValueError(f"golden pooling must be 'mean' or 'max', got {pool!r}")
         self.B, self.L, self.pool, self.lengths = start, interval, pool, list(lengths)
         S = max(self.lengths)
-        self.n_blocks = max(0, -(-(S - start) // interval))
+        self.n_blocks = self.blocks(S)
         self.a = torch.zeros(num_layers, len(self.lengths), self.n_blocks, kv_heads, S, device=device)
         self.length = torch.tensor(self.lengths, device=device)
         self.pos = 0  # first query position of the current chunk
+
+    def blocks(self, S: int) -> int:
+        """Blocks of a trace of S tokens (the last may be short)."""
+        return max(0, -(-(S - self.B) // self.L))
 
     def add(self, layer_idx: int, probs: torch.Tensor) -> None:
         """probs: [b, Hq, q, k] post-softmax attention of the chunk's queries (positions pos..pos+q)."""
@@ -73,8 +77,7 @@ class BlockPooler:
         """Row ``row``'s F[t] = max over blocks u >= t + 1 of a_u, for t = 0..n_blocks-1 (zeros past the last
         block): [layers, its blocks, kv heads, its length]."""
         S = self.lengths[row]
-        n = max(0, -(-(S - self.B) // self.L))
-        a = self.a[:, row, :n, :, :S]
+        a = self.a[:, row, :self.blocks(S), :, :S]
         suffix = a.flip(1).cummax(1).values.flip(1)  # suffix[u] = max_{u' >= u}
         out = torch.zeros_like(suffix)
         out[:, :-1] = suffix[:, 1:]

@@ -72,7 +72,8 @@ def reference_model(vocab: int = 1000, layers: int = 4, seed: int = 0):
     return use_foresight_attention(Qwen3ForCausalLM(cfg).eval())
 
 
-def _policy(name: str, model):
+def policy_for(name: str, model):
+    """A heuristic by name, or ``learned``: a randomly initialised scorer bank (it costs what a trained one does)."""
     from foresight.policies import make_policy
     from foresight.scorer import LearnedPolicy, bank_for_model
 
@@ -98,7 +99,7 @@ def ops_per_chunk(policy: str, model=None, S: int = 1024, B: int = 256, L: int =
             model(input_ids=ids[:, s:s + q], cache=cache, use_cache=True)
             s += q
     with OpCounter() as ours:
-        rollout(model, ids, _policy(policy, model), settings, generator=torch.Generator().manual_seed(0))
+        rollout(model, ids, policy_for(policy, model), settings, generator=torch.Generator().manual_seed(0))
     per = len(chunks) * layers
     return {"policy": policy, "chunks": len(chunks), "layers": layers, "plain_per_chunk_layer": round(plain.ops / per, 1),
             "rollout_per_chunk_layer": round(ours.ops / per, 1), "extra_per_chunk_layer": round((ours.ops - plain.ops) / per, 1)}
@@ -113,7 +114,7 @@ def prefill_largest(prompt_len: int, policy: str = "h2o", model=None, batch: int
     model = model or reference_model()
     ids = torch.randint(10, model.config.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(0))
     with OpCounter() as c:
-        res = generate(model, ids, max_new_tokens=1, policy=_policy(policy, model),
+        res = generate(model, ids, max_new_tokens=1, policy=policy_for(policy, model),
                        settings=EvictionSettings(budget=B, interval=L), generator=torch.Generator().manual_seed(0))
         del res
     bound = max(batch * model.config.vocab_size, batch * model.config.num_attention_heads * L * (B + L))

@@ -82,7 +82,7 @@ def test_batched_unequal_traces_equal_one_by_one(qwen3):
     """Right-padded batches of traces of different lengths give every trace the per-token losses, pairs held and
     golden recall it gets alone (fp32, 1e-5)."""
     from foresight.golden import block_pooled_attention
-    from foresight.evaluate import recalls_vs_golden, teacher_forced
+    from foresight.evaluate import golden_pass, teacher_forced
     from foresight.methods import build_methods
     from foresight.references import make_batch, stack_padded, trace_batches
 
@@ -95,7 +95,7 @@ def test_batched_unequal_traces_equal_one_by_one(qwen3):
         batch = make_batch(refs, [0, 1, 2, 3, 4], 0)
         F = stack_padded([fut[i] for i in range(5)], (1, 3))
         loss, held = teacher_forced(m, qwen3, batch, settings, 0, F)
-        recall = recalls_vs_golden([m], qwen3, batch, settings, F, 0)[m.name]
+        recall = golden_pass([m], qwen3, batch, settings, F, 0).recalls[m.name]
         alone_recall = []
         for i, r in enumerate(refs):
             one = make_batch(refs, [i], 0)
@@ -105,7 +105,7 @@ def test_batched_unequal_traces_equal_one_by_one(qwen3):
                 assert torch.allclose(loss[i, :S], l1[0], atol=1e-5), (m.name, i)
                 assert abs(float(held[i]) - float(h1[0])) < 1e-4, (m.name, i)
             assert (loss[i, S:] == 0).all()
-            alone_recall += recalls_vs_golden([m], qwen3, one, settings, fut[i][None], 0)[m.name]
+            alone_recall += golden_pass([m], qwen3, one, settings, fut[i][None], 0).recalls[m.name]
         if m.name != "random-keep-prompt":
             assert sorted(round(x, 5) for x in recall) == sorted(round(x, 5) for x in alone_recall), m.name
 
@@ -113,7 +113,7 @@ def test_batched_unequal_traces_equal_one_by_one(qwen3):
 def test_one_golden_rollout_scores_every_method_as_its_own_would(qwen3):
     """The recall pass is shared by the methods of a budget: each gets what a golden rollout of its own gives (the
     random policy included: every method draws from its own generator)."""
-    from foresight.evaluate import recalls_vs_golden
+    from foresight.evaluate import golden_pass
     from foresight.golden import block_pooled_attention
     from foresight.methods import build_methods
     from foresight.references import make_batch, trace_batches
@@ -127,10 +127,10 @@ def test_one_golden_rollout_scores_every_method_as_its_own_would(qwen3):
     from foresight.references import stack_padded
 
     F = stack_padded(F.futures(), (1, 3))
-    shared = recalls_vs_golden(meths, qwen3, batch, settings, F, 5)
+    shared = golden_pass(meths, qwen3, batch, settings, F, 5).recalls
     assert shared["golden"] == []  # golden is its own reference
     for m in meths[1:]:
-        own = recalls_vs_golden([m], qwen3, batch, settings, F, 5)[m.name]
+        own = golden_pass([m], qwen3, batch, settings, F, 5).recalls[m.name]
         assert own and shared[m.name] == own, m.name
     assert shared["h2o"] != shared["random"]
 
