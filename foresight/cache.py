@@ -20,42 +20,17 @@ first. A stateful policy may define ``observe(cache, layer, first_new_slot, coun
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache
 
 from foresight import features, handoff
 from foresight.config import EvictionSettings
+from foresight.layer_handle import LayerHandle
 from foresight.selection import choose, kept_slots
 from foresight.shapes import AttentionShape, text_config
 from foresight.slot_attention import FusedMasks, probabilities
 from foresight.slots import SlotStore
 from foresight.statistics import ALL_ACCUMULATIONS, PROB_ACCUMULATIONS, SlotStatistics, accumulations
 from foresight.view import EvictionView, candidates
-
-class _LayerHandle(CacheLayerMixin):
-    """A per-layer facade so transformers' generic code (is_sliding, get_seq_length...) sees a normal cache."""
-
-    is_sliding = False
-    is_compileable = False
-
-    def __init__(self, parent: "BoundedCache", idx: int):
-        super().__init__()
-        self.parent, self.idx = parent, idx
-
-    def lazy_initialization(self, key_states, value_states):  # storage lives in the parent
-        pass
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        return self.parent.update(key_states, value_states, self.idx)
-
-    def get_mask_sizes(self, query_length: int):
-        return self.parent.n + query_length, 0
-
-    def get_seq_length(self) -> int:
-        return self.parent.seen
-
-    def get_max_length(self) -> int:
-        return -1
-
 
 class BoundedCache(Cache):
     """A KV cache of at most ``budget`` (+ ``interval``) pairs per (sequence, layer, KV head).
@@ -85,7 +60,7 @@ class BoundedCache(Cache):
         self.window = settings.interval if window is None else window
         self.policy, self.prompt_len, self.recorder, self.generator = policy, prompt_len, recorder, generator
         accumulations(getattr(policy, "reads", None))  # an unknown statistic fails here, not mid-rollout
-        super().__init__(layers=[_LayerHandle(self, i) for i in range(self.num_layers)])
+        super().__init__(layers=[LayerHandle(self, i) for i in range(self.num_layers)])
         self.n = 0  # slots in use (same for every row, layer and head)
         self.seen = 0  # tokens fed so far
         self.steps = 0  # evictions done

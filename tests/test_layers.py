@@ -10,7 +10,7 @@ PKG = Path(__file__).resolve().parents[1] / "foresight"
 
 PRIMITIVES = {"config", "features", "selection", "shapes", "atomic", "handoff", "slot_attention", "statistics",
               "view", "slots", "cache", "attention", "distributed", "reward", "prompts", "trace_data", "validation", "locks",
-              "serving"}
+              "serving", "layer_handle"}
 ENGINE = {"models", "rollout", "generate", "golden", "scorer", "policies", "kvpop.topk", "kvpop.target",
           "kvpop.scorers"}
 PLUMBING = {"training", "checkpoint", "plots", "methods", "references", "report", "styles", "completions"}
