@@ -7,7 +7,7 @@ OUT     ?= runs/$(notdir $(basename $(RECIPE)))
 SET     ?=
 STAMP   := $(VENV)/.installed
 
-.PHONY: install test test-kvpress demo teacher traces sft grpo kvpop eval bench faults lint clean figures
+.PHONY: install test test-kvpress demo teacher traces sft grpo kvpop eval bench faults lint clean figures realbench
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -71,6 +71,12 @@ faults: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python -m foresight.demo --recipe $(RECIPE) --out $(OUT)
+
+# the real-model benchmark (docs/results/smollm2-135m/results.md): SmolLM2-135M, sampled traces of >= 1,024 tokens,
+# every method at three budgets, ablations, GRPO's curve; resumable stage by stage (REALBENCH_SET: e.g. --stages ...)
+REALBENCH_OUT ?= runs/realbench
+realbench: $(STAMP)
+	$(BIN)/python -m foresight.realbench --out $(REALBENCH_OUT) --report docs/results/smollm2-135m $(REALBENCH_SET) $(SET)
 
 # the README's headline figure (docs/demo.png, its summary in docs/demo.txt) and every figure in EVAL_DIR, redrawn
 # from EVAL_DIR/results.json and meta.json (no model run)

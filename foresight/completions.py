@@ -7,8 +7,9 @@ tokens exactly as it does its own (see :mod:`foresight.traces`).
   ``return_token_ids`` as extra fields) and ``transformers`` (``transformers serve``: the prompt as text, which must
   tokenise back to the same ids, and the sampling settings as its ``generation_config``). Greedy recipes send
   temperature 0; sampled ones temperature, top_p, top_k and a per-prompt seed (``traces.seed * 1_000_003 + index``).
-  ``min_tokens`` is not sent: the in-process engine does not force a length either (``traces.min_new_tokens`` is a
-  filter, applied after generation to both).
+  ``traces.min_tokens`` (EOS not drawn before that many tokens) goes as vLLM's ``min_tokens`` or as the
+  ``min_new_tokens`` of a ``generation_config``; ``traces.min_new_tokens`` is a filter, applied after generation to
+  both engines.
 * **What comes back.** The server's token ids when it returns them, else its text tokenised with the model's
   tokenizer; a row that stopped (``finish_reason: stop``) ends with the EOS token, as in-process rows do.
 * **Resume.** Each completion is written atomically to ``OUT/completions/prompt-NNNNNNN.json`` the moment it arrives,
@@ -96,6 +97,8 @@ class RemoteGenerator:
         body = {"model": self.model_name, "max_tokens": max_tokens or cfg.max_new_tokens, "seed": seed}
         if style == "openai":
             body.update(prompt=list(ids), return_token_ids=True)
+            if cfg.min_tokens and max_tokens is None:
+                body["min_tokens"] = cfg.min_tokens
             if cfg.do_sample:
                 body.update(temperature=cfg.temperature, top_p=cfg.top_p)
                 if cfg.top_k > 0:
@@ -109,6 +112,8 @@ class RemoteGenerator:
                               "back the prompt's ids from its text; use a server that takes token ids (vLLM, SGLang)")
         gen = {"do_sample": cfg.do_sample, "max_new_tokens": body["max_tokens"],
                "eos_token_id": self.tok.eos_token_id, "pad_token_id": self.tok.pad_token_id}
+        if cfg.min_tokens and max_tokens is None:
+            gen["min_new_tokens"] = cfg.min_tokens
         if cfg.do_sample:
             gen.update(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k or None)
         body.update(prompt=text, generation_config=json.dumps(gen))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from foresight.validation import RecipeError, check_recipe, parse_budgets
+from foresight.validation import SELECTIONS, RecipeError, check_recipe, parse_budgets
 
 __all__ = ["RecipeError", "load_recipe", "parse_budgets", "Recipe", "EvictionSettings"]
 
@@ -48,6 +48,7 @@ class TracesConfig:
     prompt_column: str = "prompt"
     answer_column: str = "answer"
     min_new_tokens: int = 1000  # keep traces whose solution is at least this long
+    min_tokens: int = 0  # EOS cannot be drawn before this many new tokens (vLLM's min_tokens; 0: free length)
     max_new_tokens: int = 1300
     batch_size: int = 16
     do_sample: bool = False
@@ -80,7 +81,7 @@ class EvictionSettings:
     window: int | None = None  # newest tokens protected (None: L, the paper's scheme, or a policy's own layout)
     protect_prompt: bool = False  # keep every prompt token; the budget applies to the generated part
     prompt_overflow: str = "error"  # error | evict: what to do when a protected prompt exceeds the budget
-    selection: str = "topk"  # topk (deterministic) | sample (the paper's Top-2L sampler)
+    selection: str = "topk"  # topk (deterministic) | sample (the paper's Top-2L sampler) | multinomial (all candidates)
     temperature: float = 1.0  # softmax temperature of the sampler
 
     def replace(self, **changes) -> "EvictionSettings":
@@ -109,8 +110,8 @@ class EvictionSettings:
                 raise ValueError(f"protected window must be >= 0, got {window}")
             if budget < sinks + window:
                 raise ValueError(f"budget B={budget} must be at least sinks + window = {sinks} + {window}")
-        if self.selection not in ("topk", "sample"):
-            raise ValueError(f"selection must be 'topk' or 'sample', got {self.selection!r}")
+        if self.selection not in SELECTIONS:
+            raise ValueError(f"selection must be one of {', '.join(SELECTIONS)}, got {self.selection!r}")
         if self.prompt_overflow not in ("error", "evict"):
             raise ValueError(f"prompt_overflow must be 'error' or 'evict', got {self.prompt_overflow!r}")
 
@@ -135,6 +136,8 @@ class SFTConfig:
     pair_chunk: int = 65536
     golden_pool: str = "mean"  # mean | max (pooling over a block's queries and a GQA group's heads)
     cache_golden: bool = True  # keep each trace's golden-trajectory features in memory (tiny models)
+    example_steps: int = 0  # > 0: that many eviction steps per trace, computed once and stored on disk for every SFT
+                            # run on the same traces and settings (foresight.golden_store); 0: every step, in the run
     grad_clip: float = 1.0
     ckpt_every: int = 50
     seed: int = 0
@@ -195,6 +198,8 @@ class EvalConfig:
     protect_prompt: bool = False
     cache_references: bool = True  # keep the full-cache reference traces on disk ($FORESIGHT_CACHE) and reuse them
     batch_size: int = 32  # traces per teacher-forced batch (similar lengths, right-padded)
+    scorer_selection: str = "topk"  # how trained scorers pick their L pairs: topk | sample (Top-2L) | multinomial
+    scorer_temperature: float = 1.0  # the samplers' softmax temperature
 
 
 @dataclass

@@ -72,7 +72,7 @@ def eviction_steps(length: int, prefix: int, settings: EvictionSettings) -> int:
 @dataclasses.dataclass
 class GoldenPass:
     """One rollout along the golden trajectory: golden's own per-token losses [b, S] and pairs held [b], and every
-    scored method's recalls (per trace and golden step)."""
+    scored method's recalls: (row of the batch, recall) at each golden step of each row."""
 
     loss: torch.Tensor
     held: torch.Tensor
@@ -97,7 +97,7 @@ def golden_pass(methods: list[Method], model, batch: dict, settings: EvictionSet
             s = pol.score(v).float().masked_fill(~st["evictable"], float("-inf"))
             mine = top_indices(s, st["chosen"].shape[-1])
             per_row = topk_overlap(mine, st["chosen"]).mean((0, 2)).tolist()  # [b]
-            hits[name].extend(per_row[r] for r in live)
+            hits[name].extend((r, per_row[r]) for r in live)
 
     res = rollout(model, batch["ids"], GoldenPolicy(future), settings, prompt_len=batch["prompt_lens"][0],
                   attention_mask=batch["mask"], recorder=rec if scorers else None,
@@ -139,8 +139,14 @@ class TraceMetrics:
     """Per-trace sums of one (method, budget) row, and the row they add up to (with bootstrap intervals)."""
 
     def __init__(self):
-        self.evicted, self.full, self.held, self.recalls = [], [], [], []
+        self.evicted, self.full, self.held = [], [], []
         self.low, self.high = [], []  # per trace: (sum of increases, tokens)
+        self.recalls: dict[int, list[float]] = {}  # per trace: its recall at each golden step
+
+    def add_recalls(self, batch: dict, hits: list[tuple[int, float]]) -> None:
+        """A golden pass's (row of ``batch``, recall) pairs, filed under each row's trace."""
+        for r, v in hits:
+            self.recalls.setdefault(batch["members"][r], []).append(v)
 
     def add(self, loss, held, batch: dict, protected: bool, settings: EvictionSettings) -> None:
         for r, (S, p) in enumerate(zip(batch["lengths"], batch["prompt_lens"])):
@@ -157,6 +163,8 @@ class TraceMetrics:
             n = sum(c for _, c in pairs)
             return round(sum(v for v, _ in pairs) / n, 5) if n else 0.0
 
+        recalls = [(sum(v), len(v)) for v in self.recalls.values()]  # per trace: (sum over its steps, steps)
+
         def ci(pairs):
             kept = [(v, c) for v, c in pairs if c]
             return bootstrap_ci([v for v, _ in kept], [c for _, c in kept], seed) if kept else None
@@ -165,7 +173,7 @@ class TraceMetrics:
                 "loss_ratio_ci": bootstrap_ci(self.evicted, self.full, seed),
                 "low_entropy_loss_increase": mean_of(self.low), "low_entropy_loss_increase_ci": ci(self.low),
                 "high_entropy_loss_increase": mean_of(self.high), "high_entropy_loss_increase_ci": ci(self.high),
-                "recall_at_L": None if not self.recalls else round(sum(self.recalls) / len(self.recalls), 4),
+                "recall_at_L": mean_of(recalls) if recalls else None, "recall_at_L_ci": ci(recalls) if recalls else None,
                 "mean_cache": round(sum(self.held) / len(self.held), 1),
                 "per_trace": {"evicted_loss": [round(x, 5) for x in self.evicted],
                               "full_loss": [round(x, 5) for x in self.full]}}
@@ -209,10 +217,10 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
     model, tok = load_model(recipe.model)
     device = next(model.parameters()).device
     meths = build_methods(method_names, list(scorers), model, eval_cfg.protect_prompt,
-                          (recipe.kvpop.window, recipe.kvpop.sinks))
+                          (recipe.kvpop.window, recipe.kvpop.sinks), (eval_cfg.scorer_selection, eval_cfg.scorer_temperature))
     # held-out problems: synthetic seeds from traces.heldout_offset, or the dataset rows after the training prompts
     start = recipe.traces.heldout_offset if recipe.traces.prompt_dataset is None else recipe.traces.num_prompts
-    problems = prompts.load_prompts(recipe, start, eval_cfg.num_problems, tok)
+    problems = prompts.load_prompts(recipe, start, eval_cfg.num_problems, tok, split="heldout")
     if not problems:
         raise ValueError(f"no held-out problems: the prompt dataset has no rows after the first {start}")
     t0 = time.time()
@@ -252,11 +260,14 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
     def golden_pass_for(m, B, L, settings, bi, batch, future, seed) -> GoldenPass:
         """Batch ``bi``'s golden pass under ``m``'s settings: one rollout serves golden's own row and the recalls of
         every pending method with the same settings at this budget (run for the first of them)."""
-        settings = settings.replace(prompt_overflow="evict")
+        def along_golden(s: EvictionSettings) -> EvictionSettings:  # golden's path is top-L whatever m samples
+            return s.replace(prompt_overflow="evict", selection="topk", temperature=1.0)
+
+        settings = along_golden(settings)
         key = (dataclasses.astuple(settings), m.protect_prompt, bi)
         if key not in shared_passes:
             group = [x for x in meths if (x.name, B, L) not in done and x.protect_prompt == m.protect_prompt
-                     and x.settings(B, L, "evict") == settings]
+                     and along_golden(x.settings(B, L, "evict")) == settings]
             shared_passes[key] = golden_pass(group, model, batch, settings, future, seed)
         return shared_passes[key]
 
@@ -298,7 +309,7 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
                 loss, held = teacher_forced(m, model, batch, settings, seed, future, prio)
             metrics.add(loss, held, batch, protect_label is True, settings)
             if future is not None:
-                metrics.recalls += golden_pass_for(m, B, L, settings, bi, batch, future, seed).recalls.pop(m.name, [])
+                metrics.add_recalls(batch, golden_pass_for(m, B, L, settings, bi, batch, future, seed).recalls.pop(m.name, []))
             bar.update(1)
         acc, n = accuracy(m, recipe, model, tok, problems, B, L, device)
         bar.update(1)

@@ -3,7 +3,8 @@
 A prompt longer than the budget is consumed at most L tokens at a time with eviction in between, so peak
 memory stays at ``B + L`` pairs per head (the primer's "prefill pitfall": prefilling the whole prompt first
 would hold all of it). Batched generation takes left-padded prompts (``attention_mask`` 0 = padding).
-``policy=None`` runs the plain full cache (transformers' ``DynamicCache`` and SDPA), the reference point.
+``policy=None`` runs the plain full cache (transformers' ``StaticCache``, allocated once for prompt plus new tokens,
+and SDPA), the reference point.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+from transformers import StaticCache
+
 from foresight.config import EvictionSettings
 from foresight.rollout import forward_chunks, make_cache
 
@@ -22,11 +25,34 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p < 1.0:
         sorted_logits, idx = logits.sort(dim=-1, descending=True)
-        probs = sorted_logits.softmax(-1)
-        drop = probs.cumsum(-1) - probs > top_p  # keep the smallest prefix whose mass reaches top_p
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        logits = torch.full_like(logits, float("-inf")).scatter(-1, idx, sorted_logits)
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, idx, _nucleus(sorted_logits, top_p))
     return logits
+
+
+def _nucleus(sorted_logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Logits sorted in descending order with everything past the smallest prefix whose mass reaches ``top_p`` set to
+    -inf."""
+    probs = sorted_logits.softmax(-1)
+    return sorted_logits.masked_fill(probs.cumsum(-1) - probs > top_p, float("-inf"))
+
+
+def sample_tokens(logits: torch.Tensor, decoding: "Decoding", generator=None, row_generators=None) -> torch.Tensor:
+    """One token per row of [b, V] ``logits`` under ``decoding``'s temperature, top-k and top-p. With top-k the draw
+    is among the k best tokens only (sorted by ``topk``; a sort of the whole vocabulary per row and step cost as
+    much as the model's step on a small model); ``row_generators`` seed each row on its own."""
+    scaled = logits.float() / max(decoding.temperature, 1e-6)
+    k = decoding.top_k if 0 < decoding.top_k < scaled.shape[-1] else 0
+    if k:
+        vals, idx = scaled.topk(k, dim=-1)
+        vals = _nucleus(vals, decoding.top_p) if decoding.top_p < 1.0 else vals
+    else:
+        vals, idx = filter_logits(scaled, 0, decoding.top_p), None
+    probs = vals.softmax(-1)
+    if row_generators is None:
+        pick = torch.multinomial(probs, 1, generator=generator)
+    else:
+        pick = torch.cat([torch.multinomial(probs[i:i + 1], 1, generator=g) for i, g in enumerate(row_generators)])
+    return (pick if idx is None else idx.gather(-1, pick)).squeeze(-1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,13 +66,14 @@ class Decoding:
     top_p: float = 1.0
     eos_token_id: int | None = None
     pad_token_id: int = 0
+    min_tokens: int = 0  # EOS cannot be drawn before this many new tokens (vLLM's min_tokens)
 
     @classmethod
     def from_recipe(cls, traces, tokenizer, do_sample: bool | None = None) -> "Decoding":
         """The recipe's sampling settings (``traces`` section; ``do_sample`` overrides its own) and the tokenizer's
         EOS and padding tokens."""
         return cls(traces.do_sample if do_sample is None else do_sample, traces.temperature, traces.top_k,
-                   traces.top_p, tokenizer.eos_token_id, tokenizer.pad_token_id)
+                   traces.top_p, tokenizer.eos_token_id, tokenizer.pad_token_id, traces.min_tokens)
 
     def truncate(self, new: list[int]) -> list[int]:
         """A generated row up to and including its first EOS."""
@@ -79,7 +106,10 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     mask = attention_mask.bool()
-    cache = make_cache(model, policy, settings, prompt_len=P, generator=generator)
+    if policy is None:  # the full cache, allocated once: a growing DynamicCache copies every layer at every token
+        cache = StaticCache(config=model.config, max_cache_len=P + max_new_tokens)
+    else:
+        cache = make_cache(model, policy, settings, prompt_len=P, generator=generator)
     logits = None
     for _, _, chunk_logits in forward_chunks(model, cache, input_ids, mask, prefill_chunk, logits_from=P):
         logits = chunk_logits[:, -1]
@@ -89,14 +119,11 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
     full_mask = mask.long()
     for _ in range(max_new_tokens):
         lp_all = torch.log_softmax(logits.float(), dim=-1)
+        if len(new) < decoding.min_tokens and decoding.eos_token_id is not None:
+            logits = logits.clone()
+            logits[:, decoding.eos_token_id] = float("-inf")
         if decoding.do_sample:
-            filt = filter_logits(logits.float() / max(decoding.temperature, 1e-6), decoding.top_k, decoding.top_p)
-            probs = filt.softmax(-1)
-            if row_generators is None:
-                tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-            else:
-                tok = torch.cat([torch.multinomial(probs[i:i + 1], 1, generator=g)[:, 0]
-                                 for i, g in enumerate(row_generators)])
+            tok = sample_tokens(logits, decoding, generator, row_generators)
         else:
             tok = logits.argmax(-1)
         tok = torch.where(done, torch.full_like(tok, decoding.pad_token_id), tok)

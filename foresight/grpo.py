@@ -155,7 +155,7 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
         resumed.get("first_val")
     bar = progress_bar(start, grpo_cfg.steps, "grpo", progress, rank)
     t0 = time.time()
-    hist = [resumed["last"]] if resumed.get("last") else []
+    hist = list(resumed.get("history", [])) or ([resumed["last"]] if resumed.get("last") else [])
     for step in bar:
         rng = random.Random(grpo_cfg.seed * 1_000_003 + step)
         batch = [rng.choice(train_idx) for _ in range(grpo_cfg.traces_per_step)][rank::world]
@@ -209,13 +209,15 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
                 writer.add_scalar(f"grpo/{k}", v, step)
         bar.set_postfix(reward=f"{stats['reward_mean']:.3f}", kl=f"{stats['kl']:.4f}", clip=f"{stats['clip_frac']:.2f}")
         saved = save_progress(step, plan, bank, opt, sched, engine, ckpt, rank,  # every rank (ZeRO-3 gathers)
-                              extra={"first_val": first_val, "last": stats})
+                              extra={"first_val": first_val, "last": stats, "history": hist})
         if saved is not None and val_idx and writer is not None:
             for k, val in validate(model, bank, ds, val_idx, settings, grpo_cfg).items():
                 writer.add_scalar(f"grpo/{k}", val, step)
+                stats[k] = val  # the same dict as hist[-1]: the curve keeps its validation points
     metrics = {"steps": grpo_cfg.steps, "group": grpo_cfg.group, "train_seconds_this_run": round(time.time() - t0, 1)}
     if hist:
         metrics["last_reward_mean"] = round(hist[-1]["reward_mean"], 5)
+        metrics["history"] = [{k: round(v, 6) for k, v in h.items()} for h in hist]  # per step: reward, KL, clipping
     if val_idx:
         final = validate(model, bank, ds, val_idx, settings, grpo_cfg)
         metrics.update({k: round(v, 5) for k, v in final.items()})

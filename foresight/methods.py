@@ -29,6 +29,7 @@ class Method:
     stateful: bool = False  # a scorer that must observe every pair (KVpop's mLSTM): no recall along golden's path
     checkpoint: Path | None = None  # a scorer checkpoint, whose model card records the evaluation
     layout: tuple[int, int] | None = None  # kvpop-oracle: KVpop's (window, sinks)
+    selection: tuple[str, float] = ("topk", 1.0)  # a trained scorer's selection and sampler temperature
 
     @property
     def is_full(self) -> bool:
@@ -39,9 +40,9 @@ class Method:
         return self.kind in ("golden", "kvpop-oracle")
 
     def settings(self, budget: int, interval: int, overflow: str) -> EvictionSettings:
-        """The eviction settings of this method at B:L (top-L selection)."""
+        """The eviction settings of this method at B:L (top-L selection unless the method samples)."""
         return EvictionSettings(budget=budget, interval=interval, sinks=self.sinks, protect_prompt=self.protect_prompt,
-                                prompt_overflow=overflow)
+                                prompt_overflow=overflow, selection=self.selection[0], temperature=self.selection[1])
 
 
 def check_names(names: list[str]) -> list[str]:
@@ -56,7 +57,9 @@ def check_names(names: list[str]) -> list[str]:
 
 
 def build_methods(names: list[str], scorer_dirs: list, model, protect_all: bool,
-                  kvpop_layout: tuple[int, int] = (64, 4)) -> list[Method]:
+                  kvpop_layout: tuple[int, int] = (64, 4), scorer_selection: tuple[str, float] = ("topk", 1.0)) -> list[Method]:
+    """The methods ``names`` plus one per scorer checkpoint (``scorer_selection``: how the scorers pick their
+    pairs, with the sampler's temperature)."""
     out = []
     for n in names:
         n = n.strip()
@@ -83,5 +86,5 @@ def build_methods(names: list[str], scorer_dirs: list, model, protect_all: bool,
         seen.add(name)
         out.append(Method(name, make_policy=lambda b=bank, c=cfg, nm=name: policy_from_checkpoint(b, c, nm),
                           protect_prompt=protect_all, stateful=bool(getattr(bank, "stateful", False)),
-                          checkpoint=Path(d)))
+                          checkpoint=Path(d), selection=scorer_selection))
     return out

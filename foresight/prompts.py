@@ -54,8 +54,11 @@ def ledger_spec(task) -> ledger.LedgerSpec:
     return ledger.LedgerSpec(task.facts, task.variables, task.filler, task.scratch)
 
 
-def load_prompts(recipe, start: int, count: int, tokenizer=None) -> list[Prompt]:
-    """Prompts ``start .. start+count-1`` of the recipe's prompt source."""
+def load_prompts(recipe, start: int, count: int, tokenizer=None, split: str | None = None) -> list[Prompt]:
+    """Prompts ``start .. start+count-1`` of the recipe's prompt source. ``split`` (``train`` or ``heldout``): when
+    the dataset has a ``split`` column, every row read must carry that value (a recipe whose ``traces.num_prompts``
+    does not end where the held-out rows begin would otherwise train on held-out prompts or evaluate on training
+    ones)."""
     task, traces_cfg = recipe.task, recipe.traces
     if traces_cfg.prompt_dataset is None:
         if task.kind != "ledger":
@@ -80,6 +83,10 @@ def load_prompts(recipe, start: int, count: int, tokenizer=None) -> list[Prompt]
     out = []
     for i in range(start, min(start + count, len(ds))):
         row = ds[i]
+        if split is not None and "split" in cols and row["split"] != split:
+            raise ValueError(f"prompt dataset {traces_cfg.prompt_dataset!r}: row {i} is a {row['split']!r} prompt, read "
+                             f"as {split!r}; set traces.num_prompts to the number of training rows "
+                             f"({sum(s == 'train' for s in ds['split'])})")
         text = str(row[traces_cfg.prompt_column])
         if task.kind == "math":
             text = f"{text}\n{task.instruction or MATH_INSTRUCTION}"

@@ -46,7 +46,8 @@ def reference_key(recipe, prompt_ids: list[int], seed: int, model: dict) -> str:
     """A hash of everything a reference trace depends on (``model``: its :func:`model_fingerprint`)."""
     tr = recipe.traces
     blob = {"model": model, "task": dict(vars(recipe.task)), "prompt": prompt_ids,
-            "sampling": [tr.max_new_tokens, recipe.eval.do_sample, tr.temperature, tr.top_k, tr.top_p, seed]}
+            "sampling": [tr.max_new_tokens, recipe.eval.do_sample, tr.temperature, tr.top_k, tr.top_p, seed]
+            + ([tr.min_tokens] if tr.min_tokens else [])}  # keys made before min_tokens existed stay valid
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 

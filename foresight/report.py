@@ -49,8 +49,9 @@ def results_table(rows, meta) -> str:
         f"| {r['method']} | {_prot(r['protect_prompt'])} | {r['budget']}:{r['interval']} | "
         f"{_with_ci(r['loss_ratio'], r.get('loss_ratio_ci'), 4)} | "
         f"{_with_ci(r['low_entropy_loss_increase'], r.get('low_entropy_loss_increase_ci'), 3)} | "
-        f"{_fmt(r['high_entropy_loss_increase'])} | "
-        f"{_fmt(r['accuracy'])} | {r['n_samples']} | {_fmt(r['recall_at_L'])} | {_fmt(r['mean_cache'], 1)} |\n"
+        f"{_with_ci(r['high_entropy_loss_increase'], r.get('high_entropy_loss_increase_ci'), 3)} | "
+        f"{_fmt(r['accuracy'])} | {r['n_samples']} | {_with_ci(r['recall_at_L'], r.get('recall_at_L_ci'), 3)} | "
+        f"{_fmt(r['mean_cache'], 1)} |\n"
         for r in rows)
     info = (f"\n{meta['num_problems']} held-out problems, mean trace {meta['mean_trace_length']:.0f} tokens "
             f"(prompt {meta['mean_prompt_length']:.0f}); full-cache accuracy of the reference traces: "

@@ -56,14 +56,16 @@ def topk_overlap(mine: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
 
 def choose(scores: torch.Tensor, evictable: torch.Tensor, k: int, mode: str = "topk", temperature: float = 1.0,
            generator: torch.Generator | None = None) -> torch.Tensor:
-    """The k slots [..., k] to evict from the candidates ``evictable`` by ``scores``: ``topk`` or ``sample`` (the
-    Top-2L sampler at ``temperature``)."""
+    """The k slots [..., k] to evict from the candidates ``evictable`` by ``scores``: ``topk``, ``sample`` (the
+    Top-2L sampler at ``temperature``) or ``multinomial`` (the same draw over every candidate: the paper's "MN"
+    ablation)."""
     n_cand = int(evictable.sum(-1).min())
     if n_cand < k:
         raise RuntimeError(f"only {n_cand} evictable pairs for {k} evictions: B, L, sinks and the protected prompt "
                            "leave too little room")
-    if mode == "sample":
-        return sample_top2l(scores, evictable, k, temperature, generator)
+    if mode in ("sample", "multinomial"):
+        return sample_top2l(scores, evictable, k, temperature, generator,
+                            width=scores.shape[-1] if mode == "multinomial" else None)
     return select_topk(scores, evictable, k)
 
 
@@ -82,12 +84,13 @@ def candidate_window(scores: torch.Tensor, evictable: torch.Tensor, k: int, widt
 
 
 def sample_top2l(scores: torch.Tensor, evictable: torch.Tensor, k: int, temperature: float = 1.0,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
-    """Draw k slots to evict: Plackett–Luce without replacement within the top-2k window.
+                 generator: torch.Generator | None = None, width: int | None = None) -> torch.Tensor:
+    """Draw k slots to evict: Plackett–Luce without replacement within the top-2k window (``width``: another
+    window; non-candidates, at -inf, are never drawn).
 
     Returns slot indices [..., k] in draw order.
     """
-    idx, vals = candidate_window(scores, evictable, k)
+    idx, vals = candidate_window(scores, evictable, k, width)
     z = vals / temperature
     u = torch.rand(z.shape, generator=generator, device=z.device if generator is None else generator.device)
     u = u.to(z.device).clamp_(1e-12, 1 - 1e-7)

@@ -28,35 +28,15 @@ from pathlib import Path
 import torch
 
 from foresight import distributed
-from foresight.config import EvictionSettings
-from foresight.golden import GoldenPolicy, block_pooled_attention
+from foresight.golden_store import GoldenStore, golden_examples
 from foresight.locks import locks_output
-from foresight.rollout import rollout
 from foresight.selection import top_indices, topk_overlap
-from foresight.scorer import ScorerBank, bank_for_model
+from foresight.scorer import bank_for_model
 from foresight.training import finish_run, full_state_dict, load_stage_inputs, optimizer_step, progress_bar, \
     resumed_extra, run_identity, save_progress, setup_training, summary_writer, train_plan
 
 
-# ------------------------------------------------------------------------------------------------ examples
-@torch.no_grad()
-def golden_examples(model, input_ids: torch.Tensor, bank: ScorerBank, settings: EvictionSettings, pool: str = "mean",
-                    prompt_len: int | None = None, device="cpu"):
-    """Per eviction step along the golden trajectory (top-L under ``settings``): (inputs [nl,1,h,n,D],
-    future [nl,1,h,n], candidates)."""
-    settings = settings.replace(selection="topk")
-    prefix = settings.protected_prefix(prompt_len)
-    policy = GoldenPolicy(block_pooled_attention(model, input_ids, settings, pool=pool, prefix=prefix).future())
-    out = []
-
-    def rec(st):
-        v = st["view"]
-        out.append((bank.inputs(v).to(device), policy.future_scores(v).to(device), st["evictable"].to(device)))
-
-    rollout(model, input_ids, policy, settings, prompt_len=prompt_len, recorder=rec)
-    return out
-
-
+# ------------------------------------------------------------------------------------------------ loss
 def pairwise_hinge(phi, fut, cand, margin: float = 0.01, mode: str = "all", sampled: int = 4096,
                    chunk: int = 1 << 24, generator=None):
     """Per-row mean hinge over ordered pairs; phi, fut, cand: [R, n]. Returns (mean over rows with pairs, rows)."""
@@ -128,8 +108,12 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
     opt, sched, ckpt, start, engine = setup_training(bank, plan, out, resume, rank, deepspeed_config, "SFT", log)
 
     cache_examples: dict[int, list] = {}
+    store = GoldenStore(model, Path(traces_dir), recipe.cache, cfg.golden_pool, cfg.example_steps, cfg.seed) \
+        if cfg.example_steps else None
 
     def examples_for(i):
+        if store is not None:
+            return store.examples(i, ds[i], bank)
         if i in cache_examples:
             return cache_examples[i]
         row = ds[i]

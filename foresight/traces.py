@@ -63,7 +63,8 @@ def check_out_dir(out: Path, recipe) -> None:
             old = json.loads(rec.read_text())
         except json.JSONDecodeError:
             raise TraceDataError(f"{rec} is not valid JSON; is {out} a traces folder?") from None
-        old.get("key", {}).get("traces", {}).setdefault("engine", "hf")  # folders made before traces.engine existed
+        for field, before in (("engine", "hf"), ("min_tokens", 0)):  # folders made before these fields existed
+            old.get("key", {}).get("traces", {}).setdefault(field, before)
         if old.get("key") != key:
             diff = sorted(f"{s}.{k}" for s in key for k in key[s] if old.get("key", {}).get(s, {}).get(k) != key[s][k])
             raise TraceDataError(f"output folder {out} holds traces of another recipe (differs in: "
@@ -96,7 +97,8 @@ def make_traces(recipe, out: Path, progress: bool = True, log=print) -> dict:
     from tqdm import tqdm
 
     batches = {bi: prompts.load_prompts(recipe, bi * traces_cfg.batch_size,
-                                        min(traces_cfg.batch_size, traces_cfg.num_prompts - bi * traces_cfg.batch_size), tok)
+                                        min(traces_cfg.batch_size, traces_cfg.num_prompts - bi * traces_cfg.batch_size), tok,
+                                        split="train")
                for bi in todo}
     remote = None
     if traces_cfg.engine == "openai":

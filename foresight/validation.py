@@ -22,6 +22,9 @@ def within(lo, hi):  # lo < v <= hi
     return lambda v: None if lo < v <= hi else f"must be in ({lo}, {hi}]"
 
 
+SELECTIONS = ("topk", "sample", "multinomial")  # how the L pairs to evict are picked from the scores
+
+
 def one_of(*choices):
     return lambda v: None if v in choices else f"must be one of {', '.join(choices)}"
 
@@ -70,6 +73,7 @@ RULES = {
     "task.kind": one_of("ledger", "math", "none"), "task.facts": at_least(1), "task.variables": at_least(0),
     "task.filler": at_least(0), "task.scratch": at_least(0),
     "traces.num_prompts": at_least(0), "traces.batch_size": at_least(1), "traces.min_new_tokens": at_least(0),
+    "traces.min_tokens": at_least(0),
     "traces.max_new_tokens": at_least(1), "traces.temperature": above(0), "traces.top_p": within(0, 1),
     "traces.top_k": at_least(0), "traces.loss_chunk": at_least(1), "traces.heldout_offset": at_least(0),
     "traces.engine": one_of("hf", "openai"), "traces.concurrency": at_least(1), "traces.request_timeout": above(0),
@@ -79,7 +83,8 @@ RULES = {
     "scorer.features": subset_of("key", "value", "attn"),
     "sft.steps": at_least(1), "sft.batch_traces": at_least(1), "sft.lr": above(0), "sft.warmup": at_least(0),
     "sft.schedule": one_of("cosine", "constant"), "sft.margin": at_least(0), "sft.pairs": one_of("all", "sampled"),
-    "sft.sampled_pairs": at_least(1), "sft.pair_chunk": at_least(1), "sft.golden_pool": one_of("mean", "max"),
+    "sft.sampled_pairs": at_least(1),
+    "sft.example_steps": at_least(0), "sft.pair_chunk": at_least(1), "sft.golden_pool": one_of("mean", "max"),
     "sft.grad_clip": above(0), "sft.ckpt_every": at_least(1), "sft.objective": one_of("foresight", "kvpop"),
     "grpo.steps": at_least(1), "grpo.traces_per_step": at_least(1), "grpo.group": at_least(2), "grpo.lr": above(0),
     "grpo.warmup": at_least(0), "grpo.clip_eps": above(0), "grpo.epochs": at_least(1), "grpo.beta": at_least(0),
@@ -91,7 +96,7 @@ RULES = {
     "kvpop.balance_min": above(0), "kvpop.balance_max": above(0), "kvpop.queries_per_trace": at_least(0),
     "kvpop.hidden": at_least(1), "kvpop.memory_dim": at_least(1), "kvpop.block": at_least(1),
     "eval.num_problems": at_least(1), "eval.budgets": budgets, "eval.methods": names, "eval.n_samples": at_least(1),
-    "eval.batch_size": at_least(1),
+    "eval.batch_size": at_least(1), "eval.scorer_selection": one_of(*SELECTIONS), "eval.scorer_temperature": above(0),
 }
 
 

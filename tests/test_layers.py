@@ -13,9 +13,10 @@ PRIMITIVES = {"config", "features", "selection", "shapes", "atomic", "handoff", 
               "serving", "layer_handle"}
 ENGINE = {"models", "rollout", "generate", "golden", "scorer", "policies", "kvpop.topk", "kvpop.target",
           "kvpop.scorers"}
-PLUMBING = {"training", "checkpoint", "plots", "methods", "references", "report", "styles", "completions"}
+PLUMBING = {"training", "checkpoint", "plots", "methods", "references", "report", "styles", "completions", "golden_store",
+            "realbench_report"}
 STAGES = {"traces", "sft", "grpo", "kvpop.train", "evaluate"}
-ENTRY = {"", "cli", "__main__", "demo", "bench", "integrations", "kvpop", "opcount"}
+ENTRY = {"", "cli", "__main__", "demo", "bench", "integrations", "kvpop", "opcount", "realbench"}
 LAYERS = [PRIMITIVES, ENGINE, PLUMBING, STAGES, ENTRY]
 
 

@@ -90,3 +90,21 @@ def test_ties_are_broken_towards_the_oldest_slot_on_every_device():
     assert select_topk(s, torch.ones_like(s, dtype=torch.bool), 2).tolist() == [[1, 2]]
     idx, vals = candidate_window(s, torch.tensor([[True, False, True, True, True, True]]), 2)
     assert idx.tolist() == [[2, 3, 5, 4]] and vals.tolist() == [[3.0, 3.0, 3.0, 2.0]]
+
+
+def test_multinomial_draws_from_every_candidate_and_never_a_protected_slot():
+    from foresight.selection import choose
+
+    scores = torch.arange(40, dtype=torch.float32).expand(2, 40) / 100  # nearly flat: every candidate is likely
+    evictable = torch.ones(2, 40, dtype=torch.bool)
+    evictable[:, :5] = False
+    g = torch.Generator().manual_seed(0)
+    seen_mn, seen_top2l = set(), set()
+    for _ in range(200):
+        mn = choose(scores, evictable, 4, "multinomial", 1.0, g)
+        t2 = choose(scores, evictable, 4, "sample", 1.0, g)
+        assert all(len(set(r)) == 4 for r in mn.tolist()) and (mn >= 5).all()  # without replacement
+        seen_mn |= set(mn.flatten().tolist())
+        seen_top2l |= set(t2.flatten().tolist())
+    assert seen_top2l == set(range(32, 40))  # the Top-2L window: the 8 highest scores
+    assert seen_mn == set(range(5, 40))  # every candidate, none of the protected slots

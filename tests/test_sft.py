@@ -144,3 +144,39 @@ def test_resume_checks_what_it_resumes(sft_setup, tmp_path):
     (tdir / "meta.json").write_text(json.dumps(dict(meta, model="HuggingFaceTB/another-model")))
     with pytest.raises(ValueError, match="made by the model 'HuggingFaceTB/another-model'"):
         train_sft(r, tdir, tmp_path / "other", **quiet)
+
+
+def test_stored_golden_examples_are_the_run_s_own_and_shared_between_runs(sft_setup, tmp_path, monkeypatch):
+    """sft.example_steps: the stored steps equal golden_examples' (inputs to float16), a scorer with fewer features
+    reads its own columns, and a second SFT run computes nothing."""
+    from foresight.golden_store import GoldenStore, golden_examples
+    from foresight.models import load_model
+    from foresight.scorer import bank_for_model
+    from foresight.trace_data import load_traces
+
+    monkeypatch.setenv("FORESIGHT_CACHE", str(tmp_path / "cache"))
+    r, tdir = sft_setup
+    model, _ = load_model(r.model)
+    ds = load_traces(tdir)
+    store = GoldenStore(model, tdir, r.cache, "mean", steps=2, seed=0)
+    row = ds[0]
+    for feats in (("key", "value", "attn"), ("attn",), ("key", "value")):
+        bank = bank_for_model(model, features=feats)
+        ref = golden_examples(model, torch.tensor([row["input_ids"]]), bank, r.cache, prompt_len=row["prompt_len"])
+        got = store.examples(0, row, bank)
+        picked = torch.load(store.path(0))["steps"]
+        assert len(got) == min(2, len(ref)) and len(ref) > 2
+        for (x, f, c), k in zip(got, picked):
+            assert x.shape == ref[k][0].shape
+            assert torch.allclose(x, ref[k][0], atol=2e-3 * (1 + ref[k][0].abs().max().item()))
+            assert torch.equal(f, ref[k][1]) and torch.equal(c, ref[k][2])
+    r2 = load_recipe("recipes/tiny-qwen3.yaml", [f"model.path={r.model.path}", *SETS, "sft.example_steps=2"])
+    train_sft(r2, tdir, tmp_path / "a", progress=False, log=lambda *_: None)
+    files = sorted(store.folder.glob("trace-*.pt"))
+    assert len(files) >= 3 and all(p.parent == store.folder for p in files)
+    stamps = {p: p.stat().st_mtime_ns for p in files}
+    r3 = load_recipe("recipes/tiny-qwen3.yaml", [f"model.path={r.model.path}", *SETS, "sft.example_steps=2",
+                                                 "scorer.features=[attn]", "scorer.hidden=8"])
+    _, m = train_sft(r3, tdir, tmp_path / "b", progress=False, log=lambda *_: None)
+    assert {p: p.stat().st_mtime_ns for p in files} == stamps  # shared, not recomputed
+    assert m["val_recall_at_L"] >= 0

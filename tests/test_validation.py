@@ -9,7 +9,7 @@ R = "recipes/tiny-qwen3.yaml"
 @pytest.mark.parametrize("override, message", [
     ("cache.interval=0", "eviction interval must be > 0"),
     ("cache.sinks=-1", "sinks must be >= 0"),
-    ("cache.selection=foo", "selection must be 'topk' or 'sample'"),
+    ("cache.selection=foo", "selection must be one of topk, sample, multinomial"),
     ("sft.ckpt_every=0", "sft.ckpt_every=0: must be >= 1"),
     ("grpo.ckpt_every=0", "grpo.ckpt_every=0: must be >= 1"),
     ("traces.batch_size=0", "traces.batch_size=0: must be >= 1"),

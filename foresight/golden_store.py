@@ -1,0 +1,109 @@
+"""SFT's training examples: the scorer inputs, golden future scores and candidates at each eviction step along the
+golden trajectory of a trace (:func:`golden_examples`), and a store that computes them once per trace and shares
+them between training runs (``sft.example_steps > 0``).
+
+Along the golden trajectory, the cache's contents and statistics do not depend on the scorer being trained, so every
+SFT run on the same traces, eviction settings and golden pooling sees the same examples; only the scorer's inputs
+(key, value, attention statistics) select different columns of them. The store keeps ``example_steps`` eviction
+steps per trace (drawn once per trace, seeded), inputs in float16, one file per trace under
+``$FORESIGHT_CACHE/golden/<key>/`` (default ``~/.cache/foresight``), written atomically, so a killed run keeps what
+it computed and a second SFT run (an ablation, a resumed run) computes nothing. ``sft.example_steps = 0`` keeps the
+old way: every step, computed in the run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import random
+from pathlib import Path
+
+import torch
+
+from foresight import atomic
+from foresight.config import EvictionSettings
+from foresight.features import STAT_NAMES
+from foresight.golden import GoldenPolicy, block_pooled_attention
+from foresight.rollout import rollout
+from foresight.scorer import ScorerBank, bank_for_model
+
+ALL_FEATURES = ("key", "value", "attn")  # the stored layout: [key; value; statistics]
+
+
+@torch.no_grad()
+def golden_examples(model, input_ids: torch.Tensor, bank: ScorerBank, settings: EvictionSettings, pool: str = "mean",
+                    prompt_len: int | None = None, device="cpu"):
+    """Per eviction step along the golden trajectory (top-L under ``settings``): (inputs [nl,1,h,n,D],
+    future [nl,1,h,n], candidates)."""
+    settings = settings.replace(selection="topk")
+    prefix = settings.protected_prefix(prompt_len)
+    policy = GoldenPolicy(block_pooled_attention(model, input_ids, settings, pool=pool, prefix=prefix).future())
+    out = []
+
+    def rec(st):
+        v = st["view"]
+        out.append((bank.inputs(v).to(device), policy.future_scores(v).to(device), st["evictable"].to(device)))
+
+    rollout(model, input_ids, policy, settings, prompt_len=prompt_len, recorder=rec)
+    return out
+
+
+def feature_columns(features, head_dim: int, group: int) -> list[int]:
+    """The columns of the stored [key; value; statistics] inputs that a scorer with ``features`` reads, in its order."""
+    spans = {"key": range(0, head_dim), "value": range(head_dim, 2 * head_dim),
+             "attn": range(2 * head_dim, 2 * head_dim + len(STAT_NAMES) * group)}
+    return [c for f in ALL_FEATURES if f in features for c in spans[f]]
+
+
+@dataclasses.dataclass
+class GoldenStore:
+    """Stored golden examples of one traces folder under one (settings, pooling, steps per trace, seed)."""
+
+    model: object
+    traces_dir: Path
+    settings: EvictionSettings
+    pool: str
+    steps: int
+    seed: int = 0
+
+    def __post_init__(self):
+        self.full = bank_for_model(self.model, features=ALL_FEATURES)  # assembles the inputs only
+        meta = json.loads((Path(self.traces_dir) / "meta.json").read_text())
+        blob = {"traces": str(Path(self.traces_dir).resolve()), "date": meta.get("date"),
+                "num_traces": meta.get("num_traces"), "settings": dataclasses.astuple(self.settings.replace(selection="topk")),
+                "pool": self.pool, "steps": self.steps, "seed": self.seed}
+        key = hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:24]
+        root = Path(os.environ.get("FORESIGHT_CACHE", Path.home() / ".cache" / "foresight"))
+        self.folder = root / "golden" / key
+
+    def path(self, index: int) -> Path:
+        return self.folder / f"trace-{index:06d}.pt"
+
+    def compute(self, index: int, row: dict) -> dict:
+        """The trace's stored steps, computed (and written) when missing."""
+        p = self.path(index)
+        if p.exists():
+            return torch.load(p)
+        dev = next(self.model.parameters()).device
+        ex = golden_examples(self.model, torch.tensor([row["input_ids"]], device=dev), self.full, self.settings,
+                             self.pool, prompt_len=row["prompt_len"])
+        if not ex:
+            raise ValueError(f"trace {index} is too short for an eviction at B={self.settings.budget}, "
+                             f"L={self.settings.interval}")
+        rng = random.Random(self.seed * 1_000_003 + index)
+        pick = sorted(rng.sample(range(len(ex)), min(self.steps, len(ex))))
+        data = {"x": torch.stack([ex[k][0] for k in pick]).half(), "future": torch.stack([ex[k][1] for k in pick]),
+                "cand": torch.stack([ex[k][2] for k in pick]), "steps": pick}
+        self.folder.mkdir(parents=True, exist_ok=True)
+        atomic.torch_save(data, p)
+        return data
+
+    def examples(self, index: int, row: dict, bank: ScorerBank) -> list:
+        """The trace's examples as :func:`golden_examples` gives them, with the inputs ``bank`` reads."""
+        data = self.compute(index, row)
+        c = self.full
+        cols = feature_columns(bank.features, c.head_dim, c.group)
+        x = data["x"][..., cols].float()
+        return [(x[k], data["future"][k], data["cand"][k]) for k in range(x.shape[0])]

@@ -1,0 +1,186 @@
+"""``make realbench``: the real-model benchmark. SmolLM2-135M-Instruct (``recipes/smollm2-135m-realbench.yaml``), sampled
+traces of >= 1,024 tokens from the project's own prompts (``data_prep/realbench.py``), then every learned scorer
+against every heuristic on held-out references, with ablations, and a report (``results.md`` plus figures).
+
+Stages, each skipped when its output is complete (so a killed run continues where it stopped; the traces, training
+and evaluation stages also resume inside themselves):
+
+1. ``traces``      the training traces (``foresight traces``)
+2. ``sft``         the SFT scorers (``foresight sft``)
+3. ``grpo``        GRPO from them (``foresight grpo``)
+4. ``kvpop``       KVpop's stateless scorer (``foresight sft --set sft.objective=kvpop``)
+5. ``eval``        every method at every budget of ``eval.budgets`` (``foresight eval``)
+6. ``ablations``   SFT variants (scorer inputs, width, golden pooling) and the samplers (top-L, Top-2L, multinomial),
+                   at the middle budget
+7. ``report``      ``REPORT/results.md``, ``REPORT/results.json`` and the figures
+
+    python -m foresight.realbench --out runs/realbench --report docs/results/smollm2-135m
+    python -m foresight.realbench --stages traces,sft,eval,report --set sft.steps=60   # a part, other settings
+
+Reference traces are cached under ``OUT/cache`` (``$FORESIGHT_CACHE`` when set), so the benchmark's folder holds
+everything it computed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import time
+from pathlib import Path
+
+from foresight import atomic
+from foresight.config import load_recipe
+
+STAGES = ("traces", "sft", "grpo", "kvpop", "eval", "ablations", "report")
+# SFT variants of the paper's Table 5 and of the scorer's size and labels: (name, what it changes, overrides)
+SFT_ABLATIONS = (("attn-only", "scorer inputs: attention statistics only", ["scorer.features=[attn]"]),
+                 ("kv-only", "scorer inputs: key and value only", ["scorer.features=[key,value]"]),
+                 ("width-64", "scorer width 64 (default 16)", ["scorer.hidden=64"]),
+                 ("pool-max", "golden pooling: max over a block's queries (default mean)", ["sft.golden_pool=max"]))
+SAMPLERS = ("topk", "sample", "multinomial")  # how a trained scorer picks its L pairs at evaluation
+KVPOP_SET = ["sft.objective=kvpop", "kvpop.scorer=mlp", "sft.lr=0.003", "sft.warmup=10", "sft.steps=100", "sft.batch_traces=4"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Bench:
+    """Where the benchmark reads and writes, and what it runs."""
+
+    recipe_path: Path
+    overrides: tuple[str, ...]
+    out: Path
+    report: Path
+    stages: tuple[str, ...] = STAGES
+
+    def recipe(self, *extra: str):
+        return load_recipe(self.recipe_path, list(self.overrides) + list(extra))
+
+    def middle_budget(self) -> str:
+        budgets = self.recipe().eval.budgets.split(",")
+        return budgets[len(budgets) // 2]
+
+
+def banner(text: str) -> None:
+    print(f"\n=== {text} ===", flush=True)
+
+
+def trained(folder: Path) -> bool:
+    return (folder / "config.json").exists()
+
+
+def train(stage: str, recipe, traces: Path, out: Path, init: Path | None = None) -> None:
+    """One training stage into ``out`` unless it finished there (a killed one resumes from its checkpoint)."""
+    if trained(out):
+        print(f"{out} is trained; reusing it", flush=True)
+        return
+    resume = (out / "ckpt" / "state.pt").exists()
+    if stage == "grpo":
+        from foresight.grpo import train_grpo
+
+        train_grpo(recipe, traces, init, out, resume=resume)
+    elif recipe.sft.objective == "kvpop":
+        from foresight.kvpop.train import train_kvpop
+
+        train_kvpop(recipe, traces, out, resume=resume)
+    else:
+        from foresight.sft import train_sft
+
+        train_sft(recipe, traces, out, resume=resume)
+
+
+def run(bench: Bench) -> dict:
+    """The benchmark's stages in order; returns the seconds each stage took in this run."""
+    out = bench.out
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("FORESIGHT_CACHE", str((out / "cache").resolve()))
+    recipe = bench.recipe()
+    traces = out / "traces"
+    took: dict[str, float] = {}
+    for stage in bench.stages:
+        t0 = time.time()
+        banner(f"{stage} -> {out}")
+        if stage == "traces":
+            from foresight.traces import make_traces
+
+            print(make_traces(recipe, traces), flush=True)
+        elif stage == "sft":
+            train("sft", recipe, traces, out / "sft")
+        elif stage == "grpo":
+            train("grpo", recipe, traces, out / "grpo", init=out / "sft")
+        elif stage == "kvpop":
+            train("sft", bench.recipe(*KVPOP_SET), traces, out / "kvpop-mlp")
+        elif stage == "eval":
+            from foresight.evaluate import run_eval
+
+            run_eval(recipe, out / "eval", scorers=[d for d in (out / "sft", out / "grpo", out / "kvpop-mlp") if trained(d)])
+        elif stage == "ablations":
+            ablations(bench)
+        elif stage == "report":
+            from foresight.realbench_report import write_report
+
+            write_report(out, bench.report, SFT_ABLATIONS, SAMPLERS, command=command_line(bench), took=stage_times(out))
+        took[stage] = round(time.time() - t0, 1)
+        record_time(out, stage, took[stage])
+    return took
+
+
+def ablations(bench: Bench) -> None:
+    """Each SFT variant trained like the main SFT scorer, then all of them (and the main one) evaluated at the middle
+    budget; the SFT and GRPO scorers evaluated with each sampler there."""
+    from foresight.evaluate import run_eval
+
+    out, traces = bench.out, bench.out / "traces"
+    for name, what, sets in SFT_ABLATIONS:
+        banner(f"ablation {name}: {what}")
+        train("sft", bench.recipe(*sets), traces, out / "ablations" / name)
+    budget = bench.middle_budget()
+    scorers = [out / "sft"] + [out / "ablations" / name for name, _, _ in SFT_ABLATIONS]
+    run_eval(bench.recipe(), out / "eval-ablations", methods="golden", budgets=budget,
+             scorers=[d for d in scorers if trained(d)])
+    for mode in SAMPLERS:
+        banner(f"sampler {mode}")
+        run_eval(bench.recipe(f"eval.scorer_selection={mode}"), out / f"eval-sampler-{mode}", methods="golden",
+                 budgets=budget, scorers=[d for d in (out / "sft", out / "grpo") if trained(d)])
+
+
+def record_time(out: Path, stage: str, seconds: float) -> None:
+    """Seconds per stage over every run of the benchmark in ``out`` (a resumed stage adds up)."""
+    times = stage_times(out)
+    times[stage] = round(times.get(stage, 0.0) + seconds, 1)
+    atomic.write_json(out / "stage_seconds.json", times, indent=1)
+
+
+def stage_times(out: Path) -> dict:
+    import json
+
+    f = out / "stage_seconds.json"
+    return json.loads(f.read_text()) if f.exists() else {}
+
+
+def command_line(bench: Bench) -> str:
+    sets = "".join(f" --set {s}" for s in bench.overrides)
+    return f"python -m foresight.realbench --recipe {bench.recipe_path} --out {bench.out} --report {bench.report}{sets}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--recipe", type=Path, default=Path("recipes/smollm2-135m-realbench.yaml"))
+    ap.add_argument("--out", type=Path, default=Path("runs/realbench"))
+    ap.add_argument("--report", type=Path, default=Path("docs/results/smollm2-135m"))
+    ap.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, in order (default: {','.join(STAGES)})")
+    ap.add_argument("--set", dest="overrides", action="append", default=[])
+    a = ap.parse_args(argv)
+    stages = tuple(s.strip() for s in a.stages.split(",") if s.strip())
+    unknown = [s for s in stages if s not in STAGES]
+    if unknown:
+        ap.error(f"unknown stage(s) {', '.join(unknown)}; stages: {', '.join(STAGES)}")
+    bench = Bench(a.recipe, tuple(a.overrides), a.out, a.report, stages)
+    bench.recipe()  # a bad recipe or override fails before any work
+    t0 = time.time()
+    took = run(bench)
+    print(f"\nrealbench finished in {time.time() - t0:.0f} s ({took}); report in {bench.report}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

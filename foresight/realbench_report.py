@@ -1,0 +1,216 @@
+"""The real-model benchmark's report (:mod:`foresight.realbench`): ``results.md``, ``results.json`` and the figures,
+written from what the stages left in the benchmark's folder (no model run).
+
+The goal checks are computed, not claimed: at each budget, whether the best learned scorer's loss-ratio interval lies
+below every heuristic's; whether it is at or below the best heuristic's at twice the budget; its recall@L; whether
+GRPO's low-entropy loss increase lies below SFT's with separated intervals.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from foresight import atomic
+from foresight.report import _fmt, _with_ci, results_table
+from foresight.styles import method_group
+
+FIGURES = ("overview.png", "loss_ratio.png", "loss_increase.png", "eviction_map.png")
+
+
+def _load(path: Path):
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _ci(r: dict, key: str, nd: int = 4) -> str:
+    return _with_ci(r.get(key), r.get(f"{key}_ci"), nd)
+
+
+def _below(a: dict, b: dict, key: str) -> bool:
+    """a's 95% interval of ``key`` lies entirely below b's."""
+    ca, cb = a.get(f"{key}_ci"), b.get(f"{key}_ci")
+    return bool(ca and cb and ca[1] < cb[0])
+
+
+def goal_checks(rows: list[dict]) -> list[dict]:
+    """Per budget: the best learned scorer (lowest loss ratio) against every heuristic, and against the best heuristic
+    at twice the budget."""
+    out = []
+    budgets = sorted({(r["budget"], r["interval"]) for r in rows})
+    for B, L in budgets:
+        at = [r for r in rows if (r["budget"], r["interval"]) == (B, L)]
+        learned = [r for r in at if method_group(r["method"]) == "learned"]
+        heur = [r for r in at if method_group(r["method"]) == "heuristic"]
+        if not learned or not heur:
+            continue
+        best = min(learned, key=lambda r: r["loss_ratio"])
+        best_h = min(heur, key=lambda r: r["loss_ratio"])
+        twice = [r for r in rows if r["budget"] == 2 * B and method_group(r["method"]) == "heuristic"]
+        best_2b = min(twice, key=lambda r: r["loss_ratio"]) if twice else None
+        out.append({"budget": B, "interval": L, "best_learned": best["method"], "loss_ratio": best["loss_ratio"],
+                    "best_heuristic": best_h["method"], "best_heuristic_loss_ratio": best_h["loss_ratio"],
+                    "below_every_heuristic": all(best["loss_ratio"] < h["loss_ratio"] for h in heur),
+                    "separated_from_every_heuristic": all(_below(best, h, "loss_ratio") for h in heur),
+                    "heuristics_not_separated": [h["method"] for h in heur if not _below(best, h, "loss_ratio")],
+                    "best_heuristic_at_2B": best_2b and best_2b["method"],
+                    "at_or_below_best_heuristic_at_2B": None if best_2b is None else
+                    best["loss_ratio"] <= best_2b["loss_ratio"],
+                    "recall_at_L": best.get("recall_at_L"), "recall_at_L_ci": best.get("recall_at_L_ci")})
+    return out
+
+
+def grpo_vs_sft(rows: list[dict]) -> list[dict]:
+    out = []
+    for B in sorted({r["budget"] for r in rows}):
+        sft = next((r for r in rows if r["budget"] == B and r["method"] == "foresight-sft"), None)
+        grpo = next((r for r in rows if r["budget"] == B and r["method"] == "foresight-grpo"), None)
+        if sft and grpo:
+            out.append({"budget": B, "sft": sft["low_entropy_loss_increase"], "sft_ci": sft["low_entropy_loss_increase_ci"],
+                        "grpo": grpo["low_entropy_loss_increase"], "grpo_ci": grpo["low_entropy_loss_increase_ci"],
+                        "grpo_below_with_separated_intervals": _below(grpo, sft, "low_entropy_loss_increase")})
+    return out
+
+
+def _yes(v) -> str:
+    return "—" if v is None else ("yes" if v else "no")
+
+
+def _compact(rows: list[dict] | None) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "per_trace"} for r in rows or []]
+
+
+def ablation_table(rows: list[dict], labels: dict[str, str]) -> str:
+    head = "| variant | loss ratio [95% CI] | Δloss low-H [95% CI] | recall@L [95% CI] |\n|---|---|---|---|\n"
+    body = ""
+    for r in rows:
+        if method_group(r["method"]) != "learned":
+            continue
+        body += (f"| {labels.get(r['method'], r['method'])} | {_ci(r, 'loss_ratio')} | "
+                 f"{_ci(r, 'low_entropy_loss_increase', 3)} | {_ci(r, 'recall_at_L', 3)} |\n")
+    return head + body
+
+
+def grpo_section(metrics: dict | None) -> str:
+    if not metrics or not metrics.get("history"):
+        return "GRPO did not run.\n"
+    lines = ["| step | reward mean | reward std | |advantage| | KL to SFT | clip fraction | val loss ratio | val reward |",
+             "|---|---|---|---|---|---|---|---|"]
+    for i, h in enumerate(metrics["history"]):
+        lines.append(f"| {i + 1} | {_fmt(h.get('reward_mean'), 4)} | {_fmt(h.get('reward_std'), 4)} | "
+                     f"{_fmt(h.get('adv_abs'), 3)} | {_fmt(h.get('kl'), 5)} | {_fmt(h.get('clip_frac'), 3)} | "
+                     f"{_fmt(h.get('val_loss_ratio'), 4)} | {_fmt(h.get('val_reward'), 4)} |")
+    before = ("\nValidation (2 traces) before GRPO, i.e. the SFT scorer: loss ratio "
+              f"{_fmt(metrics.get('sft_val_loss_ratio'), 4)}, "
+              f"reward {_fmt(metrics.get('sft_val_reward'), 4)}; after: loss ratio {_fmt(metrics.get('val_loss_ratio'), 4)}, "
+              f"reward {_fmt(metrics.get('val_reward'), 4)}.\n")
+    return "\n".join(lines) + "\n" + before
+
+
+def grpo_figure(metrics: dict | None, path: Path) -> bool:
+    if not metrics or not metrics.get("history"):
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    hist = metrics["history"]
+    steps = list(range(1, len(hist) + 1))
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
+    mean = [h["reward_mean"] for h in hist]
+    std = [h["reward_std"] for h in hist]
+    axes[0].plot(steps, mean, marker="o", color="C0")
+    axes[0].fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2)
+    axes[0].set(title="training reward (mean ± std over rollouts)", xlabel="GRPO step")
+    axes[1].plot(steps, [h["kl"] for h in hist], marker="o", color="C1")
+    axes[1].set(title="KL to the SFT scorer", xlabel="GRPO step")
+    axes[2].plot(steps, [h["clip_frac"] for h in hist], marker="o", color="C2")
+    axes[2].set(title="clip fraction", xlabel="GRPO step")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def write_report(out: Path, report: Path, sft_ablations, samplers, command: str, took: dict) -> dict:
+    """``report/results.md`` and ``report/results.json`` from the benchmark folder ``out``; figures copied or drawn
+    into ``report``. Returns the results dict."""
+    out, report = Path(out), Path(report)
+    report.mkdir(parents=True, exist_ok=True)
+    rows, meta = _load(out / "eval" / "results.json"), _load(out / "eval" / "meta.json")
+    if not rows or not meta:
+        raise FileNotFoundError(f"{out / 'eval'} has no finished evaluation (run the eval stage first)")
+    traces_meta = _load(out / "traces" / "meta.json") or {}
+    sft, grpo = _load(out / "sft" / "metrics.json"), _load(out / "grpo" / "metrics.json")
+    checks, rl = goal_checks(rows), grpo_vs_sft(rows)
+    ablation_rows = _load(out / "eval-ablations" / "results.json")
+    labels = {"foresight-sft": "main: key + value + attention, width 16, mean pooling"} | {
+        f"foresight-sft({name})": f"{name}: {what}" for name, what, _ in sft_ablations}
+    sampler_rows = {m: _load(out / f"eval-sampler-{m}" / "results.json") for m in samplers}
+    for f in FIGURES:
+        if (out / "eval" / f).exists():
+            shutil.copyfile(out / "eval" / f, report / f)
+    has_grpo_fig = grpo_figure(grpo, report / "grpo.png")
+
+    md = [f"# Real-model benchmark: {meta.get('model')}\n",
+          f"- **Command:** `{command}` (`make realbench`)",
+          f"- **Commit:** {git_commit() or 'unknown'}; written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+          f"- **Stage seconds (all runs of this folder):** {json.dumps(took)}",
+          f"- **Training traces:** {traces_meta.get('num_traces', '?')} kept "
+          f"(tokens: {json.dumps(traces_meta.get('length'))}) from the training prompts of "
+          "`data_prep/prompts/realbench.jsonl`; **held-out:** "
+          f"{meta['num_problems']} references, mean {meta['mean_trace_length']:.0f} tokens (prompt "
+          f"{meta['mean_prompt_length']:.0f}), sampled with the recipe's settings and a fixed seed.",
+          "- **Metrics:** loss ratio = Σ evicted loss / Σ full-cache loss over generated tokens; Δloss = mean loss "
+          "increase per token after the first eviction, on the 80% lowest-entropy tokens (low-H) and the rest "
+          "(high-H); recall@L = overlap of a method's L choices with golden's along golden's trajectory. All "
+          "intervals: 95% bootstrap over held-out traces.\n",
+          "## All methods\n", results_table(rows, meta),
+          "\n## Goal checks\n",
+          "| B:L | best learned | loss ratio | best heuristic | its loss ratio | below every heuristic | intervals "
+          "separated from every heuristic | not separated from | ≤ best heuristic at 2B | recall@L [95% CI] |",
+          "|---|---|---|---|---|---|---|---|---|---|"]
+    for c in checks:
+        md.append(f"| {c['budget']}:{c['interval']} | {c['best_learned']} | {c['loss_ratio']:.4f} | {c['best_heuristic']} | "
+                  f"{c['best_heuristic_loss_ratio']:.4f} | {_yes(c['below_every_heuristic'])} | "
+                  f"{_yes(c['separated_from_every_heuristic'])} | {', '.join(c['heuristics_not_separated']) or '—'} | "
+                  f"{_yes(c['at_or_below_best_heuristic_at_2B'])} ({c['best_heuristic_at_2B'] or '—'}) | "
+                  f"{_with_ci(c['recall_at_L'], c['recall_at_L_ci'], 3)} |")
+    md += ["\n**GRPO against SFT** (Δloss on low-entropy tokens):\n", "| B | SFT [95% CI] | GRPO [95% CI] | GRPO below, "
+           "intervals separated |", "|---|---|---|---|"]
+    md += [f"| {g['budget']} | {_with_ci(g['sft'], g['sft_ci'], 4)} | {_with_ci(g['grpo'], g['grpo_ci'], 4)} | "
+           f"{_yes(g['grpo_below_with_separated_intervals'])} |" for g in rl]
+    md += ["\n## Ablations (middle budget)\n"]
+    md += [ablation_table(ablation_rows, labels) if ablation_rows else "Not run.\n"]
+    md += ["\n**Eviction sampler at evaluation** (the paper's Table 5: top-L, Top-2L multinomial, multinomial over all "
+           "candidates):\n", "| sampler | scorer | loss ratio [95% CI] | Δloss low-H [95% CI] |", "|---|---|---|---|"]
+    for mode, srows in sampler_rows.items():
+        for r in srows or []:
+            if method_group(r["method"]) == "learned":
+                md.append(f"| {mode} | {r['method']} | {_ci(r, 'loss_ratio')} | {_ci(r, 'low_entropy_loss_increase', 3)} |")
+    md += ["\n## Training\n",
+           f"SFT: {json.dumps({k: v for k, v in (sft or {}).items() if k != 'history'})}\n",
+           "GRPO per step:\n", grpo_section(grpo)]
+    if has_grpo_fig:
+        md.append("![GRPO](grpo.png)\n")
+    md += [f"![{f}]({f})\n" for f in FIGURES if (report / f).exists()]
+    atomic.write_text(report / "results.md", "\n".join(md) + "\n")
+    results = {"command": command, "commit": git_commit(), "stage_seconds": took, "meta": meta,
+               "traces": {k: traces_meta.get(k) for k in ("num_traces", "length")},
+               "main": _compact(rows), "goal_checks": checks, "grpo_vs_sft": rl, "ablations": _compact(ablation_rows),
+               "samplers": {m: _compact(r) for m, r in sampler_rows.items()}, "sft": sft, "grpo": grpo}
+    atomic.write_json(report / "results.json", results, indent=1)
+    print(f"report: {report / 'results.md'}", flush=True)
+    return results

@@ -1,0 +1,55 @@
+"""Generation's sampling and length control: the top-k draw, ``min_tokens``, the preallocated full cache."""
+
+import torch
+
+from foresight.generate import Decoding, filter_logits, generate, sample_tokens
+
+
+def test_topk_draw_has_the_distribution_of_the_filtered_vocabulary():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 500) * 3
+    dec = Decoding(do_sample=True, temperature=0.7, top_k=20, top_p=0.9)
+    ref = filter_logits(logits / 0.7, 20, 0.9).softmax(-1)  # the whole-vocabulary reference
+    g = torch.Generator().manual_seed(1)
+    n = 20000
+    draws = torch.stack([sample_tokens(logits, dec, g) for _ in range(n)], 1)  # [3, n]
+    for row in range(3):
+        freq = torch.bincount(draws[row], minlength=500).float() / n
+        assert ((freq > 0) <= (ref[row] > 0)).all()  # never outside top-k ∩ top-p
+        assert (freq - ref[row]).abs().max() < 0.02
+
+
+def test_row_generators_make_each_row_independent_of_the_batch():
+    logits = torch.randn(4, 300)
+    dec = Decoding(do_sample=True, temperature=1.0, top_k=30, top_p=0.95)
+    gens = [torch.Generator().manual_seed(10 + i) for i in range(4)]
+    together = sample_tokens(logits, dec, row_generators=gens)
+    alone = torch.cat([sample_tokens(logits[i:i + 1], dec, row_generators=[torch.Generator().manual_seed(10 + i)])
+                       for i in range(4)])
+    assert torch.equal(together, alone)
+
+
+def test_min_tokens_keeps_eos_out_until_the_minimum(qwen3):
+    ids = torch.randint(8, 170, (2, 12))
+    first = generate(qwen3, ids, max_new_tokens=1).new_tokens[:, 0]
+    eos = int(first[0])  # make the greedy first token the end of sequence: rows stop at once ...
+    free = generate(qwen3, ids, max_new_tokens=20, decoding=Decoding(eos_token_id=eos))
+    assert free.new_tokens[0, 0] == eos
+    forced = generate(qwen3, ids, max_new_tokens=20, decoding=Decoding(eos_token_id=eos, min_tokens=8))
+    assert not (forced.new_tokens[:, :8] == eos).any()  # ... unless EOS is barred for the first 8
+    assert forced.new_tokens.shape[1] >= 8
+    sampled = generate(qwen3, ids, max_new_tokens=20, generator=torch.Generator().manual_seed(0),
+                       decoding=Decoding(do_sample=True, top_k=5, eos_token_id=eos, min_tokens=12))
+    assert not (sampled.new_tokens[:, :12] == eos).any()
+
+
+def test_full_cache_generation_is_preallocated_and_equals_the_growing_cache(qwen3):
+    from transformers import StaticCache
+
+    ids = torch.randint(8, 170, (2, 16))
+    mask = torch.ones_like(ids)
+    mask[0, :5] = 0  # left padding
+    out = generate(qwen3, ids, mask, max_new_tokens=24)
+    assert isinstance(out.cache, StaticCache)
+    ref = qwen3.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False)  # transformers' DynamicCache
+    assert torch.equal(out.sequences, ref)

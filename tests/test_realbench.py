@@ -1,0 +1,100 @@
+"""The real-model benchmark: its prompts (distinct, splits disjoint by construction, the shipped file reproducible),
+the split guard, the goal checks, and the whole pipeline end to end on a tiny model (resumable, report written)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from data_prep import realbench as rb_prompts
+from foresight.config import load_recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_prompts_are_distinct_and_the_splits_share_nothing():
+    rows = rb_prompts.make_prompts(264, 64)
+    texts = [r["prompt"] for r in rows]
+    assert len(set(texts)) == len(texts) == 328
+    assert [r["split"] for r in rows] == ["train"] * 264 + ["heldout"] * 64  # training rows first
+    assert {r["kind"] for r in rows[:264]} == {r["kind"] for r in rows[264:]} == {"math", "writing"}
+    train = " ".join(t for t, r in zip(texts, rows) if r["split"] == "train")
+    held = " ".join(t for t, r in zip(texts, rows) if r["split"] == "heldout")
+    for pool in (rb_prompts.NAMES, rb_prompts.SUBJECTS, rb_prompts.ESSAYS):
+        assert not [w for w in pool if f" {w}" in train and f" {w}" in held]  # no name or topic in both splits
+    for r in rows:
+        if r["kind"] == "math":  # the stated answer follows from the numbers
+            each, kept = map(int, r["answer"].split(", "))
+            assert each >= 0 and kept >= 0
+    shipped = (ROOT / "data_prep/prompts/realbench.jsonl").read_text().splitlines()
+    assert [json.loads(x) for x in shipped] == rows  # the shipped file is this generator's output
+
+
+def test_a_recipe_reading_heldout_rows_as_training_rows_is_refused():
+    from foresight import prompts
+
+    recipe = load_recipe(ROOT / "recipes/smollm2-135m-realbench.yaml", ["traces.num_prompts=300"])
+    with pytest.raises(ValueError, match=r"row 264 is a 'heldout' prompt.*traces.num_prompts.*264"):
+        prompts.load_prompts(recipe, 256, 16, split="train")
+    with pytest.raises(ValueError, match="row 263 is a 'train' prompt"):
+        prompts.load_prompts(recipe, 263, 4, split="heldout")
+    assert len(prompts.load_prompts(recipe, 264, 64, split="heldout")) == 64
+
+
+def _row(method, B, lr, ci, low=0.1, low_ci=(0.09, 0.11)):
+    return {"method": method, "budget": B, "interval": 32, "loss_ratio": lr, "loss_ratio_ci": list(ci),
+            "low_entropy_loss_increase": low, "low_entropy_loss_increase_ci": list(low_ci), "recall_at_L": 0.8,
+            "recall_at_L_ci": [0.78, 0.82]}
+
+
+def test_goal_checks_compare_intervals_and_twice_the_budget():
+    from foresight.realbench_report import goal_checks, grpo_vs_sft
+
+    rows = [_row("foresight-sft", 128, 1.10, (1.08, 1.12), 0.2, (0.18, 0.22)),
+            _row("foresight-grpo", 128, 1.12, (1.09, 1.15), 0.1, (0.09, 0.11)),
+            _row("h2o", 128, 1.20, (1.15, 1.25)), _row("tova", 128, 1.14, (1.11, 1.18)),
+            _row("h2o", 256, 1.05, (1.03, 1.07)), _row("tova", 256, 1.11, (1.09, 1.13)),
+            _row("foresight-sft", 256, 1.02, (1.01, 1.025)), _row("golden", 256, 1.0, (1.0, 1.0))]
+    c128, c256 = goal_checks(rows)
+    assert c128["best_learned"] == "foresight-sft" and c128["best_heuristic"] == "tova"
+    assert c128["below_every_heuristic"] and not c128["separated_from_every_heuristic"]
+    assert c128["heuristics_not_separated"] == ["tova"]  # 1.12 > 1.11: the intervals overlap
+    assert c128["best_heuristic_at_2B"] == "h2o" and c128["at_or_below_best_heuristic_at_2B"] is False  # 1.10 > 1.05
+    assert c256["separated_from_every_heuristic"] and c256["at_or_below_best_heuristic_at_2B"] is None
+    (g,) = grpo_vs_sft(rows)
+    assert g["budget"] == 128 and g["grpo_below_with_separated_intervals"]
+
+
+def test_realbench_runs_end_to_end_and_resumes(tiny_model_dir, tmp_path, monkeypatch):
+    """Every stage on a tiny model and short traces; a second run trains and evaluates nothing again."""
+    from foresight import realbench
+
+    monkeypatch.setenv("FORESIGHT_CACHE", str(tmp_path / "cache"))
+    sets = (f"model.path={tiny_model_dir}", "task.facts=4", "task.variables=2", "task.scratch=0",
+            "traces.num_prompts=6", "traces.batch_size=6", "traces.require_correct=false", "traces.min_new_tokens=5",
+            "traces.max_new_tokens=40", "traces.min_tokens=30", "cache.budget=12", "cache.interval=4",
+            "sft.steps=2", "sft.batch_traces=2", "sft.ckpt_every=1", "sft.example_steps=2", "kvpop.window=4",
+            "kvpop.sinks=1", "grpo.steps=2", "grpo.traces_per_step=1", "grpo.group=2", "grpo.epochs=1",
+            "grpo.ckpt_every=1", "eval.num_problems=2", "eval.budgets=8:4,16:4",
+            "eval.methods=full,golden,h2o,streamingllm")
+    bench = realbench.Bench(ROOT / "recipes/tiny-qwen3.yaml", sets, tmp_path / "rb", tmp_path / "report")
+    realbench.run(bench)
+    res = json.loads((tmp_path / "report/results.json").read_text())
+    methods = {r["method"] for r in res["main"]}
+    assert methods == {"full", "golden", "h2o", "streamingllm", "foresight-sft", "foresight-grpo", "kvpop-mlp"}
+    assert {r["budget"] for r in res["main"]} == {8, 16}
+    assert all(r["loss_ratio_ci"] for r in res["main"] if r["method"] != "full")
+    abl = {r["method"] for r in res["ablations"]}
+    assert abl == {"golden", "foresight-sft"} | {f"foresight-sft({n})" for n, _, _ in realbench.SFT_ABLATIONS}
+    assert {r["budget"] for r in res["ablations"]} == {16}  # the middle budget
+    for mode in realbench.SAMPLERS:
+        assert {r["method"] for r in res["samplers"][mode]} == {"golden", "foresight-sft", "foresight-grpo"}
+    assert len(res["grpo"]["history"]) == 2 and {"kl", "clip_frac", "reward_mean"} <= set(res["grpo"]["history"][0])
+    md = (tmp_path / "report/results.md").read_text()
+    assert "## Goal checks" in md and "attn-only" in md and "| multinomial |" in md
+    assert (tmp_path / "report/grpo.png").exists() and (tmp_path / "report/overview.png").exists()
+    stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "rb").glob("**/config.json")}
+    assert len(stamps) == 3 + len(realbench.SFT_ABLATIONS)
+    took = realbench.run(bench)  # everything is done: nothing is trained or evaluated again
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+    assert took["sft"] < 5 and took["ablations"] < 30
