@@ -39,7 +39,7 @@ SFT_ABLATIONS = (("attn-only", "scorer inputs: attention statistics only", ["sco
                  ("width-64", "scorer width 64 (default 16)", ["scorer.hidden=64"]),
                  ("pool-max", "golden pooling: max over a block's queries (default mean)", ["sft.golden_pool=max"]))
 SAMPLERS = ("topk", "sample", "multinomial")  # how a trained scorer picks its L pairs at evaluation
-KVPOP_SET = ["sft.objective=kvpop", "kvpop.scorer=mlp", "sft.lr=0.003", "sft.warmup=10", "sft.steps=100", "sft.batch_traces=4"]
+KVPOP_SET = ["sft.objective=kvpop", "kvpop.scorer=mlp", "sft.lr=0.003", "sft.warmup=10", "sft.steps=60", "sft.batch_traces=4"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,22 +125,32 @@ def run(bench: Bench) -> dict:
 
 
 def ablations(bench: Bench) -> None:
-    """Each SFT variant trained like the main SFT scorer, then all of them (and the main one) evaluated at the middle
-    budget; the SFT and GRPO scorers evaluated with each sampler there."""
+    """At the middle budget: the SFT and GRPO scorers evaluated with each sampler; then each SFT variant trained like
+    the main SFT scorer and evaluated with it, cheapest first (the variants that read the main run's stored golden
+    examples, then those that need labels of their own, each in an evaluation of its own: ``eval-ablations-NAME``),
+    so that a run stopped early has the finished ones."""
     from foresight.evaluate import run_eval
 
     out, traces = bench.out, bench.out / "traces"
-    for name, what, sets in SFT_ABLATIONS:
-        banner(f"ablation {name}: {what}")
-        train("sft", bench.recipe(*sets), traces, out / "ablations" / name)
     budget = bench.middle_budget()
-    scorers = [out / "sft"] + [out / "ablations" / name for name, _, _ in SFT_ABLATIONS]
-    run_eval(bench.recipe(), out / "eval-ablations", methods="golden", budgets=budget,
-             scorers=[d for d in scorers if trained(d)])
     for mode in SAMPLERS:
         banner(f"sampler {mode}")
         run_eval(bench.recipe(f"eval.scorer_selection={mode}"), out / f"eval-sampler-{mode}", methods="golden",
                  budgets=budget, scorers=[d for d in (out / "sft", out / "grpo") if trained(d)])
+    for group, members in ablation_groups():
+        for name, what, sets in members:
+            banner(f"ablation {name}: {what}")
+            train("sft", bench.recipe(*sets), traces, out / "ablations" / name)
+        scorers = [out / "sft"] + [out / "ablations" / name for name, _, _ in members]
+        run_eval(bench.recipe(), out / f"eval-ablations-{group}", methods="golden", budgets=budget,
+                 scorers=[d for d in scorers if trained(d)])
+
+
+def ablation_groups() -> list[tuple[str, list]]:
+    """The SFT variants in evaluation groups: those with the main run's golden labels together (``shared``), each
+    other one alone."""
+    shared = [a for a in SFT_ABLATIONS if not any(s.startswith("sft.golden_pool") for s in a[2])]
+    return [("shared", shared)] + [(a[0], [a]) for a in SFT_ABLATIONS if a not in shared]
 
 
 def record_time(out: Path, stage: str, seconds: float) -> None:

@@ -144,6 +144,17 @@ def git_commit() -> str | None:
         return None
 
 
+def merged_ablations(out: Path) -> list[dict] | None:
+    """The rows of every ablation evaluation (``eval-ablations-*``), the main SFT scorer and golden once."""
+    rows, seen = [], set()
+    for d in sorted(Path(out).glob("eval-ablations-*")):
+        for r in _load(d / "results.json") or []:
+            if r["method"] not in seen:
+                seen.add(r["method"])
+                rows.append(r)
+    return rows or None
+
+
 def write_report(out: Path, report: Path, sft_ablations, samplers, command: str, took: dict) -> dict:
     """``report/results.md`` and ``report/results.json`` from the benchmark folder ``out``; figures copied or drawn
     into ``report``. Returns the results dict."""
@@ -155,7 +166,7 @@ def write_report(out: Path, report: Path, sft_ablations, samplers, command: str,
     traces_meta = _load(out / "traces" / "meta.json") or {}
     sft, grpo = _load(out / "sft" / "metrics.json"), _load(out / "grpo" / "metrics.json")
     checks, rl = goal_checks(rows), grpo_vs_sft(rows)
-    ablation_rows = _load(out / "eval-ablations" / "results.json")
+    ablation_rows = merged_ablations(out)
     labels = {"foresight-sft": "main: key + value + attention, width 16, mean pooling"} | {
         f"foresight-sft({name})": f"{name}: {what}" for name, what, _ in sft_ablations}
     sampler_rows = {m: _load(out / f"eval-sampler-{m}" / "results.json") for m in samplers}

@@ -97,4 +97,4 @@ def test_realbench_runs_end_to_end_and_resumes(tiny_model_dir, tmp_path, monkeyp
     assert len(stamps) == 3 + len(realbench.SFT_ABLATIONS)
     took = realbench.run(bench)  # everything is done: nothing is trained or evaluated again
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
-    assert took["sft"] < 5 and took["ablations"] < 30
+    assert took["sft"] < 5  # reused, not retrained
