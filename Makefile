@@ -7,7 +7,7 @@ OUT     ?= runs/$(notdir $(basename $(RECIPE)))
 SET     ?=
 STAMP   := $(VENV)/.installed
 
-.PHONY: install test test-kvpress demo teacher traces sft grpo kvpop eval bench faults lint clean figures realbench
+.PHONY: install test test-kvpress demo teacher traces sft grpo kvpop eval bench bench-gpu faults lint clean figures realbench
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -64,6 +64,9 @@ eval: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m foresight.bench --out bench.json
+
+bench-gpu: $(STAMP)
+	$(BIN)/python -m foresight.gpubench --device cuda --shape qwen3-4b --out bench-gpu
 
 # kill -9 each stage at random points, resume, and check bit-identical results (minutes; not in `make test`)
 faults: $(STAMP)

@@ -16,7 +16,7 @@ ENGINE = {"models", "rollout", "generate", "golden", "scorer", "policies", "kvpo
 PLUMBING = {"training", "checkpoint", "plots", "methods", "references", "report", "styles", "completions", "golden_store",
             "realbench_report"}
 STAGES = {"traces", "sft", "grpo", "kvpop.train", "evaluate"}
-ENTRY = {"", "cli", "__main__", "demo", "bench", "integrations", "kvpop", "opcount", "realbench"}
+ENTRY = {"", "cli", "__main__", "demo", "bench", "gpubench", "integrations", "kvpop", "opcount", "realbench"}
 LAYERS = [PRIMITIVES, ENGINE, PLUMBING, STAGES, ENTRY]
 
 
