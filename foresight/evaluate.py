@@ -35,7 +35,7 @@ from foresight.checkpoint import read_config, record_eval
 from foresight.config import EvictionSettings
 from foresight.generate import Decoding, generate
 from foresight.golden import GoldenPolicy, block_pooled_attention
-from foresight.golden import rows_per_pass as golden_rows_per_pass
+from foresight.golden import eviction_steps, rows_per_pass as golden_rows_per_pass
 from foresight.kvpop.target import KVpopOraclePolicy, kvpop_oracle_priorities
 from foresight.locks import locks_output
 from foresight.methods import Method, build_methods, check_names
@@ -61,12 +61,6 @@ def teacher_forced(method: Method, model, batch: dict, settings: EvictionSetting
     res = rollout(model, batch["ids"], pol, settings, prompt_len=batch["prompt_lens"][0],
                   attention_mask=batch["mask"], generator=gen, full=(batch["loss"], batch["entropy"]), entropy=False)
     return res.token_loss, res.held_per_row.cpu()
-
-
-def eviction_steps(length: int, prefix: int, settings: EvictionSettings) -> int:
-    """How many evictions a trace of ``length`` tokens goes through alone (one per L tokens past prefix + B + L)."""
-    over = length - (prefix + settings.budget + settings.interval)
-    return max(0, -(-over // settings.interval))
 
 
 @dataclasses.dataclass

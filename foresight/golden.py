@@ -152,3 +152,9 @@ class GoldenPolicy(Policy):
         n = f.shape[-1]
         rank = torch.empty_like(order).scatter_(-1, order, torch.arange(n, device=f.device).expand_as(order))
         return -rank.float()
+
+
+def eviction_steps(length: int, prefix: int, settings: EvictionSettings) -> int:
+    """How many evictions a trace of ``length`` tokens goes through alone (one per L tokens past prefix + B + L)."""
+    over = length - (prefix + settings.budget + settings.interval)
+    return max(0, -(-over // settings.interval))

@@ -25,7 +25,9 @@ import torch
 from foresight import atomic
 from foresight.config import EvictionSettings
 from foresight.features import STAT_NAMES
-from foresight.golden import GoldenPolicy, block_pooled_attention
+from foresight.golden import GoldenPolicy, block_pooled_attention, eviction_steps, rows_per_pass
+from foresight.prompts import pad_rows
+from foresight.references import stack_padded
 from foresight.rollout import rollout
 from foresight.scorer import ScorerBank, bank_for_model
 
@@ -81,6 +83,67 @@ class GoldenStore:
     def path(self, index: int) -> Path:
         return self.folder / f"trace-{index:06d}.pt"
 
+    def picks(self, index: int, n_steps: int) -> list[int]:
+        """The trace's stored steps among its ``n_steps`` (seeded by the trace's index)."""
+        return sorted(random.Random(self.seed * 1_000_003 + index).sample(range(n_steps), min(self.steps, n_steps)))
+
+    def save(self, index: int, steps: list[int], items: list) -> dict:
+        data = {"x": torch.stack([x for x, _, _ in items]).half(), "future": torch.stack([f for _, f, _ in items]),
+                "cand": torch.stack([c for _, _, c in items]), "steps": steps}
+        self.folder.mkdir(parents=True, exist_ok=True)
+        atomic.torch_save(data, self.path(index))
+        return data
+
+    @torch.no_grad()
+    def fill(self, indices: list[int], ds, progress: bool = True) -> int:
+        """Compute the missing traces of ``indices`` in batches of similar length (right-padded; a row's evictions
+        are those it has alone), as many rows per pass as the golden labels' memory allows. Returns how many were
+        computed."""
+        todo = sorted((i for i in indices if not self.path(i).exists()), key=lambda i: len(ds[i]["input_ids"]))
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(todo), desc="golden examples", disable=not progress or not todo, unit="trace")
+        k = 0
+        while k < len(todo):
+            longest = len(ds[todo[min(k + 15, len(todo) - 1)]]["input_ids"])
+            part = todo[k:k + min(16, rows_per_pass(self.model, self.settings.interval, longest))]
+            rows = [ds[i] for i in part]
+            prefixes = {self.settings.protected_prefix(r["prompt_len"]) for r in rows}
+            if len(prefixes) > 1:  # a protected prompt of another length: one trace at a time
+                part, rows = part[:1], rows[:1]
+            self.compute_batch(part, rows)
+            bar.update(len(part))
+            k += len(part)
+        bar.close()
+        return len(todo)
+
+    def compute_batch(self, indices: list[int], rows: list[dict]) -> None:
+        settings = self.settings.replace(selection="topk")
+        prefix = settings.protected_prefix(rows[0]["prompt_len"])
+        dev = next(self.model.parameters()).device
+        lengths = [len(r["input_ids"]) for r in rows]
+        ids, mask = pad_rows([r["input_ids"] for r in rows], 0, dev, side="right")
+        pooler = block_pooled_attention(self.model, ids, settings, pool=self.pool, lengths=lengths, prefix=prefix)
+        policy = GoldenPolicy(stack_padded(pooler.futures(), (1, 3)))
+        n_steps = [eviction_steps(n, prefix, settings) for n in lengths]
+        if min(n_steps) == 0:
+            raise ValueError(f"trace {indices[n_steps.index(0)]} is too short for an eviction at B={settings.budget}, "
+                             f"L={settings.interval}")
+        picks = [self.picks(i, n) for i, n in zip(indices, n_steps)]
+        items: list[list] = [[] for _ in rows]
+
+        def rec(st):
+            need = [r for r in range(len(rows)) if st["step"] in picks[r]]
+            if need:
+                v = st["view"]
+                x, f = self.full.inputs(v), policy.future_scores(v)
+                for r in need:
+                    items[r].append((x[:, r:r + 1].half(), f[:, r:r + 1], st["evictable"][:, r:r + 1]))
+
+        rollout(self.model, ids, policy, settings, prompt_len=rows[0]["prompt_len"], attention_mask=mask, recorder=rec)
+        for i, p, it in zip(indices, picks, items):
+            self.save(i, p, it)
+
     def compute(self, index: int, row: dict) -> dict:
         """The trace's stored steps, computed (and written) when missing."""
         p = self.path(index)
@@ -92,13 +155,8 @@ class GoldenStore:
         if not ex:
             raise ValueError(f"trace {index} is too short for an eviction at B={self.settings.budget}, "
                              f"L={self.settings.interval}")
-        rng = random.Random(self.seed * 1_000_003 + index)
-        pick = sorted(rng.sample(range(len(ex)), min(self.steps, len(ex))))
-        data = {"x": torch.stack([ex[k][0] for k in pick]).half(), "future": torch.stack([ex[k][1] for k in pick]),
-                "cand": torch.stack([ex[k][2] for k in pick]), "steps": pick}
-        self.folder.mkdir(parents=True, exist_ok=True)
-        atomic.torch_save(data, p)
-        return data
+        pick = self.picks(index, len(ex))
+        return self.save(index, pick, [ex[k] for k in pick])
 
     def examples(self, index: int, row: dict, bank: ScorerBank) -> list:
         """The trace's examples as :func:`golden_examples` gives them, with the inputs ``bank`` reads."""

@@ -110,6 +110,9 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
     cache_examples: dict[int, list] = {}
     store = GoldenStore(model, Path(traces_dir), recipe.cache, cfg.golden_pool, cfg.example_steps, cfg.seed) \
         if cfg.example_steps else None
+    if store is not None and rank == 0:  # every trace's examples at once, in batches (then shared by every rank)
+        store.fill(train_idx + val_idx, ds, progress=progress)
+    distributed.barrier()
 
     def examples_for(i):
         if store is not None:

@@ -170,6 +170,19 @@ def test_stored_golden_examples_are_the_run_s_own_and_shared_between_runs(sft_se
             assert x.shape == ref[k][0].shape
             assert torch.allclose(x, ref[k][0], atol=2e-3 * (1 + ref[k][0].abs().max().item()))
             assert torch.equal(f, ref[k][1]) and torch.equal(c, ref[k][2])
+    monkeypatch.setenv("FORESIGHT_CACHE", str(tmp_path / "cache-batched"))
+    batched = GoldenStore(model, tdir, r.cache, "mean", steps=2, seed=0)
+    rows = [dict(ds[i], input_ids=ds[i]["input_ids"][:len(ds[i]["input_ids"]) - 3 * i]) for i in range(len(ds))]
+    assert len({len(x["input_ids"]) for x in rows}) == len(rows) > 2  # rows of several lengths: padding is tested
+    assert batched.fill(list(range(len(rows))), rows, progress=False) == len(rows)
+    monkeypatch.setenv("FORESIGHT_CACHE", str(tmp_path / "cache-single"))
+    single = GoldenStore(model, tdir, r.cache, "mean", steps=2, seed=0)
+    for i in range(len(rows)):  # a batch of right-padded traces stores what each trace alone gives
+        a, b = torch.load(batched.path(i)), single.compute(i, rows[i])
+        assert a["steps"] == b["steps"]
+        assert torch.allclose(a["x"].float(), b["x"].float(), atol=2e-3 * (1 + b["x"].float().abs().max().item()))
+        assert torch.allclose(a["future"], b["future"], atol=1e-5) and torch.equal(a["cand"], b["cand"])
+    monkeypatch.setenv("FORESIGHT_CACHE", str(tmp_path / "cache"))
     r2 = load_recipe("recipes/tiny-qwen3.yaml", [f"model.path={r.model.path}", *SETS, "sft.example_steps=2"])
     train_sft(r2, tdir, tmp_path / "a", progress=False, log=lambda *_: None)
     files = sorted(store.folder.glob("trace-*.pt"))
