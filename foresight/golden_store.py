@@ -5,10 +5,11 @@ them between training runs (``sft.example_steps > 0``).
 Along the golden trajectory, the cache's contents and statistics do not depend on the scorer being trained, so every
 SFT run on the same traces, eviction settings and golden pooling sees the same examples; only the scorer's inputs
 (key, value, attention statistics) select different columns of them. The store keeps ``example_steps`` eviction
-steps per trace (drawn once per trace, seeded), inputs in float16, one file per trace under
-``$FORESIGHT_CACHE/golden/<key>/`` (default ``~/.cache/foresight``), written atomically, so a killed run keeps what
-it computed and a second SFT run (an ablation, a resumed run) computes nothing. ``sft.example_steps = 0`` keeps the
-old way: every step, computed in the run.
+steps per trace (drawn once per trace, seeded by its tokens), inputs in float16, one file per trace named by a hash of
+its tokens, under ``$FORESIGHT_CACHE/golden/<key>/`` (default ``~/.cache/foresight``; the key: the model, the
+settings, the pooling, the steps per trace and the seed), written atomically, so a killed run keeps what it
+computed and a second SFT run (an ablation, a resumed run, the same traces merged again) computes nothing.
+``sft.example_steps = 0`` keeps the old way: every step, computed in the run.
 """
 
 from __future__ import annotations
@@ -61,10 +62,9 @@ def feature_columns(features, head_dim: int, group: int) -> list[int]:
 
 @dataclasses.dataclass
 class GoldenStore:
-    """Stored golden examples of one traces folder under one (settings, pooling, steps per trace, seed)."""
+    """Stored golden examples of traces under one (model, settings, pooling, steps per trace, seed)."""
 
     model: object
-    traces_dir: Path
     settings: EvictionSettings
     pool: str
     steps: int
@@ -72,26 +72,32 @@ class GoldenStore:
 
     def __post_init__(self):
         self.full = bank_for_model(self.model, features=ALL_FEATURES)  # assembles the inputs only
-        meta = json.loads((Path(self.traces_dir) / "meta.json").read_text())
-        blob = {"traces": str(Path(self.traces_dir).resolve()), "date": meta.get("date"),
-                "num_traces": meta.get("num_traces"), "settings": dataclasses.astuple(self.settings.replace(selection="topk")),
+        p = next(self.model.parameters())
+        blob = {"model": [str(getattr(self.model.config, "_name_or_path", "")), str(p.dtype),
+                          sum(x.numel() for x in self.model.parameters())],
+                "settings": dataclasses.astuple(self.settings.replace(selection="topk")),
                 "pool": self.pool, "steps": self.steps, "seed": self.seed}
         key = hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:24]
         root = Path(os.environ.get("FORESIGHT_CACHE", Path.home() / ".cache" / "foresight"))
         self.folder = root / "golden" / key
 
-    def path(self, index: int) -> Path:
-        return self.folder / f"trace-{index:06d}.pt"
+    @staticmethod
+    def trace_key(row: dict) -> str:
+        return hashlib.sha256(json.dumps([row["prompt_len"], list(row["input_ids"])]).encode()).hexdigest()[:24]
 
-    def picks(self, index: int, n_steps: int) -> list[int]:
-        """The trace's stored steps among its ``n_steps`` (seeded by the trace's index)."""
-        return sorted(random.Random(self.seed * 1_000_003 + index).sample(range(n_steps), min(self.steps, n_steps)))
+    def path(self, row: dict) -> Path:
+        return self.folder / f"trace-{self.trace_key(row)}.pt"
 
-    def save(self, index: int, steps: list[int], items: list) -> dict:
+    def picks(self, row: dict, n_steps: int) -> list[int]:
+        """The trace's stored steps among its ``n_steps`` (seeded by the trace's tokens)."""
+        rng = random.Random(self.seed * 1_000_003 + int(self.trace_key(row)[:12], 16))
+        return sorted(rng.sample(range(n_steps), min(self.steps, n_steps)))
+
+    def save(self, row: dict, steps: list[int], items: list) -> dict:
         data = {"x": torch.stack([x for x, _, _ in items]).half(), "future": torch.stack([f for _, f, _ in items]),
                 "cand": torch.stack([c for _, _, c in items]), "steps": steps}
         self.folder.mkdir(parents=True, exist_ok=True)
-        atomic.torch_save(data, self.path(index))
+        atomic.torch_save(data, self.path(row))
         return data
 
     @torch.no_grad()
@@ -99,7 +105,7 @@ class GoldenStore:
         """Compute the missing traces of ``indices`` in batches of similar length (right-padded; a row's evictions
         are those it has alone), as many rows per pass as the golden labels' memory allows. Returns how many were
         computed."""
-        todo = sorted((i for i in indices if not self.path(i).exists()), key=lambda i: len(ds[i]["input_ids"]))
+        todo = sorted((i for i in indices if not self.path(ds[i]).exists()), key=lambda i: len(ds[i]["input_ids"]))
         from tqdm import tqdm
 
         bar = tqdm(total=len(todo), desc="golden examples", disable=not progress or not todo, unit="trace")
@@ -111,13 +117,13 @@ class GoldenStore:
             prefixes = {self.settings.protected_prefix(r["prompt_len"]) for r in rows}
             if len(prefixes) > 1:  # a protected prompt of another length: one trace at a time
                 part, rows = part[:1], rows[:1]
-            self.compute_batch(part, rows)
+            self.compute_batch(rows)
             bar.update(len(part))
             k += len(part)
         bar.close()
         return len(todo)
 
-    def compute_batch(self, indices: list[int], rows: list[dict]) -> None:
+    def compute_batch(self, rows: list[dict]) -> None:
         settings = self.settings.replace(selection="topk")
         prefix = settings.protected_prefix(rows[0]["prompt_len"])
         dev = next(self.model.parameters()).device
@@ -127,9 +133,9 @@ class GoldenStore:
         policy = GoldenPolicy(stack_padded(pooler.futures(), (1, 3)))
         n_steps = [eviction_steps(n, prefix, settings) for n in lengths]
         if min(n_steps) == 0:
-            raise ValueError(f"trace {indices[n_steps.index(0)]} is too short for an eviction at B={settings.budget}, "
-                             f"L={settings.interval}")
-        picks = [self.picks(i, n) for i, n in zip(indices, n_steps)]
+            raise ValueError(f"a trace of {lengths[n_steps.index(0)]} tokens is too short for an eviction at "
+                             f"B={settings.budget}, L={settings.interval}")
+        picks = [self.picks(row, n) for row, n in zip(rows, n_steps)]
         items: list[list] = [[] for _ in rows]
 
         def rec(st):
@@ -141,26 +147,26 @@ class GoldenStore:
                     items[r].append((x[:, r:r + 1].half(), f[:, r:r + 1], st["evictable"][:, r:r + 1]))
 
         rollout(self.model, ids, policy, settings, prompt_len=rows[0]["prompt_len"], attention_mask=mask, recorder=rec)
-        for i, p, it in zip(indices, picks, items):
-            self.save(i, p, it)
+        for row, p, it in zip(rows, picks, items):
+            self.save(row, p, it)
 
-    def compute(self, index: int, row: dict) -> dict:
+    def compute(self, row: dict) -> dict:
         """The trace's stored steps, computed (and written) when missing."""
-        p = self.path(index)
+        p = self.path(row)
         if p.exists():
             return torch.load(p)
         dev = next(self.model.parameters()).device
         ex = golden_examples(self.model, torch.tensor([row["input_ids"]], device=dev), self.full, self.settings,
                              self.pool, prompt_len=row["prompt_len"])
         if not ex:
-            raise ValueError(f"trace {index} is too short for an eviction at B={self.settings.budget}, "
-                             f"L={self.settings.interval}")
-        pick = self.picks(index, len(ex))
-        return self.save(index, pick, [ex[k] for k in pick])
+            raise ValueError(f"a trace of {len(row['input_ids'])} tokens is too short for an eviction at "
+                             f"B={self.settings.budget}, L={self.settings.interval}")
+        pick = self.picks(row, len(ex))
+        return self.save(row, pick, [ex[k] for k in pick])
 
-    def examples(self, index: int, row: dict, bank: ScorerBank) -> list:
+    def examples(self, row: dict, bank: ScorerBank) -> list:
         """The trace's examples as :func:`golden_examples` gives them, with the inputs ``bank`` reads."""
-        data = self.compute(index, row)
+        data = self.compute(row)
         c = self.full
         cols = feature_columns(bank.features, c.head_dim, c.group)
         x = data["x"][..., cols].float()

@@ -108,7 +108,7 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
     opt, sched, ckpt, start, engine = setup_training(bank, plan, out, resume, rank, deepspeed_config, "SFT", log)
 
     cache_examples: dict[int, list] = {}
-    store = GoldenStore(model, Path(traces_dir), recipe.cache, cfg.golden_pool, cfg.example_steps, cfg.seed) \
+    store = GoldenStore(model, recipe.cache, cfg.golden_pool, cfg.example_steps, cfg.seed) \
         if cfg.example_steps else None
     if store is not None and rank == 0:  # every trace's examples at once, in batches (then shared by every rank)
         store.fill(train_idx + val_idx, ds, progress=progress)
@@ -116,7 +116,7 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
 
     def examples_for(i):
         if store is not None:
-            return store.examples(i, ds[i], bank)
+            return store.examples(ds[i], bank)
         if i in cache_examples:
             return cache_examples[i]
         row = ds[i]

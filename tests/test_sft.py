@@ -158,27 +158,27 @@ def test_stored_golden_examples_are_the_run_s_own_and_shared_between_runs(sft_se
     r, tdir = sft_setup
     model, _ = load_model(r.model)
     ds = load_traces(tdir)
-    store = GoldenStore(model, tdir, r.cache, "mean", steps=2, seed=0)
+    store = GoldenStore(model, r.cache, "mean", steps=2, seed=0)
     row = ds[0]
     for feats in (("key", "value", "attn"), ("attn",), ("key", "value")):
         bank = bank_for_model(model, features=feats)
         ref = golden_examples(model, torch.tensor([row["input_ids"]]), bank, r.cache, prompt_len=row["prompt_len"])
-        got = store.examples(0, row, bank)
-        picked = torch.load(store.path(0))["steps"]
+        got = store.examples(row, bank)
+        picked = torch.load(store.path(row))["steps"]
         assert len(got) == min(2, len(ref)) and len(ref) > 2
         for (x, f, c), k in zip(got, picked):
             assert x.shape == ref[k][0].shape
             assert torch.allclose(x, ref[k][0], atol=2e-3 * (1 + ref[k][0].abs().max().item()))
             assert torch.equal(f, ref[k][1]) and torch.equal(c, ref[k][2])
     monkeypatch.setenv("FORESIGHT_CACHE", str(tmp_path / "cache-batched"))
-    batched = GoldenStore(model, tdir, r.cache, "mean", steps=2, seed=0)
+    batched = GoldenStore(model, r.cache, "mean", steps=2, seed=0)
     rows = [dict(ds[i], input_ids=ds[i]["input_ids"][:len(ds[i]["input_ids"]) - 3 * i]) for i in range(len(ds))]
     assert len({len(x["input_ids"]) for x in rows}) == len(rows) > 2  # rows of several lengths: padding is tested
     assert batched.fill(list(range(len(rows))), rows, progress=False) == len(rows)
     monkeypatch.setenv("FORESIGHT_CACHE", str(tmp_path / "cache-single"))
-    single = GoldenStore(model, tdir, r.cache, "mean", steps=2, seed=0)
+    single = GoldenStore(model, r.cache, "mean", steps=2, seed=0)
     for i in range(len(rows)):  # a batch of right-padded traces stores what each trace alone gives
-        a, b = torch.load(batched.path(i)), single.compute(i, rows[i])
+        a, b = torch.load(batched.path(rows[i])), single.compute(rows[i])
         assert a["steps"] == b["steps"]
         assert torch.allclose(a["x"].float(), b["x"].float(), atol=2e-3 * (1 + b["x"].float().abs().max().item()))
         assert torch.allclose(a["future"], b["future"], atol=1e-5) and torch.equal(a["cand"], b["cand"])
@@ -188,6 +188,7 @@ def test_stored_golden_examples_are_the_run_s_own_and_shared_between_runs(sft_se
     files = sorted(store.folder.glob("trace-*.pt"))
     assert len(files) >= 3 and all(p.parent == store.folder for p in files)
     stamps = {p: p.stat().st_mtime_ns for p in files}
+    traces.make_traces(r, tdir, progress=False, log=lambda *_: None)  # merged again (a new date): the same traces
     r3 = load_recipe("recipes/tiny-qwen3.yaml", [f"model.path={r.model.path}", *SETS, "sft.example_steps=2",
                                                  "scorer.features=[attn]", "scorer.hidden=8"])
     _, m = train_sft(r3, tdir, tmp_path / "b", progress=False, log=lambda *_: None)
