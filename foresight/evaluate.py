@@ -275,6 +275,7 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
             sum(bool(r["correct"]) for r in refs) / len(refs),
             "mean_trace_length": sum(r["ids"].shape[1] for r in refs) / len(refs),
             "mean_prompt_length": sum(r["prompt_len"] for r in refs) / len(refs)}
+    atomic.write_json(out / "meta.json", meta, indent=1)  # with the rows finished so far, a stopped run can be reported
     for m, B, L in jobs:
         bar.set_postfix(method=m.name, budget=f"{B}:{L}")
         batches = batchings[m.protect_prompt]

@@ -76,7 +76,11 @@ def clipped_objective(lp_new, lp_old, lp_ref, adv, clip_eps: float, beta: float,
 def group_rollout(model, bank, ids: torch.Tensor, G: int, settings: EvictionSettings, temperature: float, generator,
                   prompt_len: int):
     """One teacher-forced pass with G trajectories sampled (Top-2L at ``temperature``) under ``settings``; returns
-    (per-token losses [G,S], steps)."""
+    (per-token losses [G,S], steps).
+
+    Each step keeps the scorer inputs of the behaviour policy's Top-2L window only ([nl, G, h, 2L, D]: all the
+    objective reads, since the window is held fixed), with ``win`` the window's own positions ``0..2L-1`` and
+    ``evictable`` gathered to it, so that memory grows with 2L, not with B + L."""
     steps = []
 
     def rec(st):
@@ -85,7 +89,9 @@ def group_rollout(model, bank, ids: torch.Tensor, G: int, settings: EvictionSett
         win, _ = candidate_window(st["scores"], st["evictable"], k)  # the behaviour policy's Top-2L window
         pos = (st["chosen"].unsqueeze(-1) == win.unsqueeze(-2)).float().argmax(-1)
         lp = window_set_logprob(window_logits(st["scores"], win, st["evictable"], temperature), pos)
-        steps.append({"x": x, "win": win, "pos": pos, "evictable": st["evictable"], "lp_old": lp})
+        x_win = x.gather(-2, win.unsqueeze(-1).expand(*win.shape, x.shape[-1]))
+        local = torch.arange(win.shape[-1], device=win.device).expand_as(win)
+        steps.append({"x": x_win, "win": local, "pos": pos, "evictable": st["evictable"].gather(-1, win), "lp_old": lp})
 
     sampled = settings.replace(selection="sample", temperature=temperature)
     res = rollout(model, ids.expand(G, -1), LearnedPolicy(bank), sampled, prompt_len=prompt_len, generator=generator,

@@ -148,3 +148,22 @@ def test_objective_stays_finite_when_an_action_leaves_the_sampling_window():
                                  torch.tensor([1.0, -1.0]), clip_eps=0.2, beta=0.03)
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(x.grad).all() and st["kl"] < float("inf")
+
+
+def test_a_group_step_keeps_only_the_window_and_its_log_probability_is_the_behaviour_policy_s(qwen3):
+    """group_rollout stores the scorer inputs of the Top-2L window alone; the objective's log-probability from them
+    equals the sampler's own (ratio 1 before any update)."""
+    from foresight.config import EvictionSettings
+    from foresight.grpo import group_rollout
+    from foresight.scorer import bank_for_model
+    from foresight.selection import window_logits, window_set_logprob
+
+    bank = bank_for_model(qwen3, hidden=8, seed=1)
+    settings = EvictionSettings(budget=24, interval=8)
+    ids = torch.randint(8, 170, (1, 90))
+    _, steps = group_rollout(qwen3, bank, ids, 4, settings, 0.05, torch.Generator().manual_seed(0), prompt_len=0)
+    assert steps
+    for s in steps:
+        assert s["x"].shape[-2] == 2 * settings.interval < settings.budget + settings.interval  # the window only
+        lp = window_set_logprob(window_logits(bank(s["x"]), s["win"], s["evictable"], 0.05), s["pos"])
+        assert torch.allclose(lp, s["lp_old"], atol=1e-4)
