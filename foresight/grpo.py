@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from foresight import distributed
 from foresight.checkpoint import load_scorer
@@ -70,6 +71,18 @@ def clipped_objective(lp_new, lp_old, lp_ref, adv, clip_eps: float, beta: float,
     loss = (-surr + beta * kl).mean()
     clipped = ((ratio < 1 - clip_eps) | (ratio > 1 + clip_eps)).float().mean()
     return loss, {"kl": kl.mean().item(), "clip_frac": clipped.item(), "ratio": ratio.mean().item()}
+
+
+def step_objective(bank, ref, s: dict, adv: torch.Tensor, grpo_cfg):
+    """One recorded step's clipped objective with KL to ``ref``, and its KL and clip fraction (as tensors)."""
+    phi = bank(s["x"])
+    with torch.no_grad():
+        phi_ref = ref(s["x"])
+    lp_new = window_set_logprob(window_logits(phi, s["win"], s["evictable"], grpo_cfg.temperature), s["pos"])
+    lp_ref = window_set_logprob(window_logits(phi_ref, s["win"], s["evictable"], grpo_cfg.temperature), s["pos"])
+    loss, st = clipped_objective(lp_new, s["lp_old"], lp_ref, adv.view(1, -1, 1), grpo_cfg.clip_eps, grpo_cfg.beta,
+                                 n_actions=s["pos"].shape[-1])
+    return loss, torch.tensor(st["kl"]), torch.tensor(st["clip_frac"])
 
 
 @torch.no_grad()
@@ -187,18 +200,12 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
                     continue
                 trace_losses = []
                 for s in steps:
-                    phi = bank(s["x"])
-                    with torch.no_grad():
-                        phi_ref = ref(s["x"])
-                    lp_new = window_set_logprob(window_logits(phi, s["win"], s["evictable"], grpo_cfg.temperature), s["pos"])
-                    lp_ref = window_set_logprob(window_logits(phi_ref, s["win"], s["evictable"], grpo_cfg.temperature),
-                                                s["pos"])
-                    loss, st = clipped_objective(lp_new, s["lp_old"], lp_ref, adv.view(1, -1, 1), grpo_cfg.clip_eps,
-                                                 grpo_cfg.beta,
-                                                 n_actions=s["pos"].shape[-1])
+                    # recomputed in the backward pass (the Plackett-Luce integral's grid is large): the graph of a
+                    # whole batch of steps would otherwise be held at once
+                    loss, kl, clip = checkpoint(step_objective, bank, ref, s, adv, grpo_cfg, use_reentrant=False)
                     trace_losses.append(loss)
-                    kls.append(st["kl"])
-                    clips.append(st["clip_frac"])
+                    kls.append(kl.item())
+                    clips.append(clip.item())
                 losses.append(torch.stack(trace_losses).mean())  # mean over a trace's steps, then over traces
             if not losses:
                 raise ValueError("no eviction happened in this batch: traces are shorter than B + L")
