@@ -33,6 +33,7 @@ from foresight.rollout import rollout
 from foresight.scorer import ScorerBank, bank_for_model
 
 ALL_FEATURES = ("key", "value", "attn")  # the stored layout: [key; value; statistics]
+MAX_ROWS = 16  # traces per batched pass when filling the store (fewer when golden's memory bound says so)
 
 
 @torch.no_grad()
@@ -100,7 +101,6 @@ class GoldenStore:
         atomic.torch_save(data, self.path(row))
         return data
 
-    @torch.no_grad()
     def fill(self, indices: list[int], ds, progress: bool = True) -> int:
         """Compute the missing traces of ``indices`` in batches of similar length (right-padded; a row's evictions
         are those it has alone), as many rows per pass as the golden labels' memory allows. Returns how many were
@@ -111,8 +111,8 @@ class GoldenStore:
         bar = tqdm(total=len(todo), desc="golden examples", disable=not progress or not todo, unit="trace")
         k = 0
         while k < len(todo):
-            longest = len(ds[todo[min(k + 15, len(todo) - 1)]]["input_ids"])
-            part = todo[k:k + min(16, rows_per_pass(self.model, self.settings.interval, longest))]
+            longest = len(ds[todo[min(k + MAX_ROWS, len(todo)) - 1]]["input_ids"])
+            part = todo[k:k + min(MAX_ROWS, rows_per_pass(self.model, self.settings.interval, longest))]
             rows = [ds[i] for i in part]
             prefixes = {self.settings.protected_prefix(r["prompt_len"]) for r in rows}
             if len(prefixes) > 1:  # a protected prompt of another length: one trace at a time
@@ -123,7 +123,9 @@ class GoldenStore:
         bar.close()
         return len(todo)
 
-    def compute_batch(self, rows: list[dict]) -> None:
+    @torch.no_grad()
+    def compute_batch(self, rows: list[dict]) -> list[dict]:
+        """The stored steps of ``rows`` (one right-padded golden pass and rollout), written and returned."""
         settings = self.settings.replace(selection="topk")
         prefix = settings.protected_prefix(rows[0]["prompt_len"])
         dev = next(self.model.parameters()).device
@@ -147,22 +149,12 @@ class GoldenStore:
                     items[r].append((x[:, r:r + 1].half(), f[:, r:r + 1], st["evictable"][:, r:r + 1]))
 
         rollout(self.model, ids, policy, settings, prompt_len=rows[0]["prompt_len"], attention_mask=mask, recorder=rec)
-        for row, p, it in zip(rows, picks, items):
-            self.save(row, p, it)
+        return [self.save(row, p, it) for row, p, it in zip(rows, picks, items)]
 
     def compute(self, row: dict) -> dict:
         """The trace's stored steps, computed (and written) when missing."""
         p = self.path(row)
-        if p.exists():
-            return torch.load(p)
-        dev = next(self.model.parameters()).device
-        ex = golden_examples(self.model, torch.tensor([row["input_ids"]], device=dev), self.full, self.settings,
-                             self.pool, prompt_len=row["prompt_len"])
-        if not ex:
-            raise ValueError(f"a trace of {len(row['input_ids'])} tokens is too short for an eviction at "
-                             f"B={self.settings.budget}, L={self.settings.interval}")
-        pick = self.picks(row, len(ex))
-        return self.save(row, pick, [ex[k] for k in pick])
+        return torch.load(p) if p.exists() else self.compute_batch([row])[0]
 
     def examples(self, row: dict, bank: ScorerBank) -> list:
         """The trace's examples as :func:`golden_examples` gives them, with the inputs ``bank`` reads."""
