@@ -175,15 +175,24 @@ class TraceMetrics:
 
 @locks_output("eval")
 def finished_rows(out: Path, identity: dict) -> dict:
-    """The rows a killed evaluation of the same run (``identity``) already wrote to ``out``, by (method, B, L); an
-    output folder of another evaluation is refused (nothing is overwritten)."""
+    """The rows a killed evaluation of the same run (``identity``) already wrote to ``out``, by (method, B, L). An
+    evaluation that extends the one in ``out`` (same recipe; its methods and budgets a superset, its scorers the same
+    ones followed by more) keeps those rows and computes only the new ones; an output folder of another evaluation
+    is refused (nothing is overwritten)."""
     run, results = out / "run.json", out / "results.json"
     if not (run.exists() and results.exists()):
         return {}  # nothing finished yet
-    if json.loads(run.read_text()) != json.loads(json.dumps(identity)):
-        raise ValueError(f"{out} holds another evaluation (other recipe, methods, budgets or scorers): choose a new "
-                         "--out")
+    if not extends(json.loads(run.read_text()), json.loads(json.dumps(identity))):
+        raise ValueError(f"{out} holds another evaluation (other recipe, or methods, budgets or scorers that are not a "
+                         "superset of its own): choose a new --out")
     return {(r["method"], r["budget"], r["interval"]): r for r in json.loads(results.read_text())}
+
+
+def extends(old: dict, new: dict) -> bool:
+    """Whether evaluation ``new`` contains evaluation ``old``: the same recipe, every method and budget of ``old``,
+    and ``old``'s scorer checkpoints first (so that the scorers' method names are unchanged)."""
+    return (old["recipe"] == new["recipe"] and set(old["methods"]) <= set(new["methods"])
+            and all(b in new["budgets"] for b in old["budgets"]) and new["scorers"][:len(old["scorers"])] == old["scorers"])
 
 
 def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True, log=print,

@@ -63,6 +63,31 @@ def test_eval_writes_results_tables_and_plots_reproducibly(tiny_model_dir, tmp_p
     assert resumed == rows and set(calls) == {x["method"] for x in rows[-5:]}
     with pytest.raises(ValueError, match="holds another evaluation"):
         run_eval(r, tmp_path / "ev", methods="h2o", budgets="12:4", progress=False, log=lambda *_: None)
+    # an evaluation that extends a finished one (a method more) computes only the new method's rows
+    calls.clear()
+    evaluate.teacher_forced = lambda *a, **k: calls.append(a[0].name) or real(*a, **k)
+    try:
+        more = run_eval(r, tmp_path / "ev2", methods="golden,random,h2o,tova", budgets="12:4,24:4",
+                        scorers=[tmp_path / "sft"], progress=False, log=lambda *_: None)
+    finally:
+        evaluate.teacher_forced = real
+    assert set(calls) == {"tova"}
+    assert [x for x in more if x["method"] != "tova"] == again
+    assert [x for x in more if x["method"] == "tova"] == [x for x in rows if x["method"] == "tova"]
+
+
+def test_an_evaluation_extends_another_only_by_adding():
+    from foresight.evaluate import extends
+
+    old = {"recipe": {"a": 1}, "methods": ["h2o", "tova"], "budgets": [[12, 4]], "scorers": [["sft", "t1"]]}
+    assert extends(old, old)
+    assert extends(old, old | {"methods": ["golden", "tova", "h2o"], "budgets": [[24, 4], [12, 4]],
+                               "scorers": [["sft", "t1"], ["grpo", "t2"]]})
+    assert not extends(old, old | {"methods": ["h2o"]})  # a method dropped
+    assert not extends(old, old | {"budgets": [[24, 4]]})  # a budget dropped
+    assert not extends(old, old | {"scorers": [["grpo", "t2"], ["sft", "t1"]]})  # the scorers' names would change
+    assert not extends(old, old | {"scorers": [["sft", "t0"]]})  # the same folder retrained
+    assert not extends(old, old | {"recipe": {"a": 2}})
 
 
 def _refs(model, lengths, prompt_len=6):
