@@ -183,6 +183,7 @@ class GRPOConfig:
     normalise: str = "low_entropy"  # low_entropy | counted
     temperature: float = 1.0
     ckpt_every: int = 10
+    val_traces: int = 2  # the last traces of the dataset, held out for validation (at most a quarter of them)
     seed: int = 0
     deepspeed: str | None = None
 

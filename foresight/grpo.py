@@ -119,23 +119,29 @@ def first_scored_token(settings: EvictionSettings, prompt_len: int) -> int:
 
 
 @torch.no_grad()
-def validate(model, bank, ds, idx, settings: EvictionSettings, grpo_cfg):
-    """Deterministic (top-L) eviction on held-out traces: loss ratio and reward."""
+def validate(model, bank, ds, idx, settings: EvictionSettings, grpo_cfg, seed: int = 0) -> dict:
+    """Deterministic (top-L) eviction on the held-out traces ``idx``: the loss ratio (Σ evicted / Σ full loss after
+    the prompt) and the mean reward, each with a 95% bootstrap interval over the traces (``*_lo``, ``*_hi``)."""
+    from foresight.report import bootstrap_ci
+
     settings = settings.replace(selection="topk")
-    tot_e = tot_f = 0.0
-    rewards = []
+    evicted, full, rewards = [], [], []
     for i in idx:
         row = ds[i]
         ids = torch.tensor([row["input_ids"]])
         full_loss = torch.tensor(row["token_loss"])
         res = rollout(model, ids, LearnedPolicy(bank), settings, prompt_len=row["prompt_len"])
         p = row["prompt_len"]
-        tot_e += res.token_loss[0, p:].sum().item()
-        tot_f += full_loss[p:].sum().item()
+        evicted.append(res.token_loss[0, p:].sum().item())
+        full.append(full_loss[p:].sum().item())
         rewards.append(compute_reward(res.token_loss, full_loss, torch.tensor(row["token_entropy"]),
                                       first_scored_token(settings, p), grpo_cfg.eta, grpo_cfg.low_entropy_share,
                                       grpo_cfg.normalise).item())
-    return {"val_loss_ratio": tot_e / max(tot_f, 1e-9), "val_reward": sum(rewards) / max(len(rewards), 1)}
+    out = {"val_loss_ratio": sum(evicted) / max(sum(full), 1e-9), "val_reward": sum(rewards) / max(len(rewards), 1)}
+    for name, ci in (("val_loss_ratio", bootstrap_ci(evicted, full, seed)), ("val_reward", bootstrap_ci(rewards, None, seed))):
+        if ci is not None:
+            out[f"{name}_lo"], out[f"{name}_hi"] = ci
+    return out
 
 
 @locks_output("grpo")
@@ -162,7 +168,7 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
     ref = copy.deepcopy(bank).eval().requires_grad_(False)
     ds = load_traces(traces_dir)
     check_traces_model(ds, traces_dir, recipe, model)
-    train_idx, val_idx = split_traces(len(ds), 2)
+    train_idx, val_idx = split_traces(len(ds), grpo_cfg.val_traces)
     # a constant rate after warm-up; the schedule stays ours under DeepSpeed: GRPO takes `epochs` optimiser steps
     # per training step and steps the schedule once
     plan = train_plan(grpo_cfg, schedule="constant", batch_traces=grpo_cfg.traces_per_step, grad_clip=1.0, engine_schedules=False,
@@ -221,19 +227,21 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
             for k, v in stats.items():
                 writer.add_scalar(f"grpo/{k}", v, step)
         bar.set_postfix(reward=f"{stats['reward_mean']:.3f}", kl=f"{stats['kl']:.4f}", clip=f"{stats['clip_frac']:.2f}")
-        saved = save_progress(step, plan, bank, opt, sched, engine, ckpt, rank,  # every rank (ZeRO-3 gathers)
-                              extra={"first_val": first_val, "last": stats, "history": hist})
-        if saved is not None and val_idx and writer is not None:
-            for k, val in validate(model, bank, ds, val_idx, settings, grpo_cfg).items():
-                writer.add_scalar(f"grpo/{k}", val, step)
-                stats[k] = val  # the same dict as hist[-1]: the curve keeps its validation points
-    metrics = {"steps": grpo_cfg.steps, "group": grpo_cfg.group, "train_seconds_this_run": round(time.time() - t0, 1)}
+        if val_idx and rank == 0 and ((step + 1) % plan.ckpt_every == 0 or step + 1 == plan.steps):
+            stats.update(validate(model, bank, ds, val_idx, settings, grpo_cfg))  # before the checkpoint: a resumed
+            if writer is not None:                                               # run's curve keeps this point
+                for k in ("val_loss_ratio", "val_reward"):
+                    writer.add_scalar(f"grpo/{k}", stats[k], step)
+        save_progress(step, plan, bank, opt, sched, engine, ckpt, rank,  # every rank (ZeRO-3 gathers)
+                      extra={"first_val": first_val, "last": stats, "history": hist})
+    metrics = {"steps": grpo_cfg.steps, "group": grpo_cfg.group, "val_traces": len(val_idx),
+               "train_seconds_this_run": round(time.time() - t0, 1)}
     if hist:
         metrics["last_reward_mean"] = round(hist[-1]["reward_mean"], 5)
         metrics["history"] = [{k: round(v, 6) for k, v in h.items()} for h in hist]  # per step: reward, KL, clipping
     if val_idx:
-        final = validate(model, bank, ds, val_idx, settings, grpo_cfg)
-        metrics.update({k: round(v, 5) for k, v in final.items()})
+        final = hist[-1] if hist and "val_reward" in hist[-1] else validate(model, bank, ds, val_idx, settings, grpo_cfg)
+        metrics.update({k: round(v, 5) for k, v in final.items() if k.startswith("val_")})
         if first_val:
             metrics.update({f"sft_{k}": round(v, 5) for k, v in first_val.items()})
     finish_run(out, rank, world, full_state_dict(bank, engine), bank, model, recipe, "grpo", metrics,

@@ -93,19 +93,28 @@ def ablation_table(rows: list[dict], labels: dict[str, str]) -> str:
     return head + body
 
 
+def _val(h: dict, key: str, nd: int = 4) -> str:
+    """A validation value with its interval (``key_lo``, ``key_hi``) when recorded."""
+    if h.get(key) is None:
+        return "—"
+    ci = f" [{_fmt(h[key + '_lo'], nd)}, {_fmt(h[key + '_hi'], nd)}]" if h.get(key + "_lo") is not None else ""
+    return _fmt(h[key], nd) + ci
+
+
 def grpo_section(metrics: dict | None) -> str:
     if not metrics or not metrics.get("history"):
         return "GRPO did not run.\n"
-    lines = ["| step | reward mean | reward std | |advantage| | KL to SFT | clip fraction | val loss ratio | val reward |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| step | reward mean | reward std | |advantage| | KL to SFT | clip fraction | held-out loss ratio [95% CI] | "
+             "held-out reward [95% CI] |", "|---|---|---|---|---|---|---|---|"]
     for i, h in enumerate(metrics["history"]):
         lines.append(f"| {i + 1} | {_fmt(h.get('reward_mean'), 4)} | {_fmt(h.get('reward_std'), 4)} | "
                      f"{_fmt(h.get('adv_abs'), 3)} | {_fmt(h.get('kl'), 5)} | {_fmt(h.get('clip_frac'), 3)} | "
-                     f"{_fmt(h.get('val_loss_ratio'), 4)} | {_fmt(h.get('val_reward'), 4)} |")
-    before = ("\nValidation (2 traces) before GRPO, i.e. the SFT scorer: loss ratio "
-              f"{_fmt(metrics.get('sft_val_loss_ratio'), 4)}, "
-              f"reward {_fmt(metrics.get('sft_val_reward'), 4)}; after: loss ratio {_fmt(metrics.get('val_loss_ratio'), 4)}, "
-              f"reward {_fmt(metrics.get('val_reward'), 4)}.\n")
+                     f"{_val(h, 'val_loss_ratio')} | {_val(h, 'val_reward')} |")
+    sft = {k[4:]: v for k, v in metrics.items() if k.startswith("sft_val_")}
+    n = f"{metrics['val_traces']} " if metrics.get("val_traces") else ""
+    before = (f"\nHeld-out training traces ({n}traces GRPO never trains on, top-L eviction) before GRPO, i.e. the SFT "
+              f"scorer: loss ratio {_val(sft, 'val_loss_ratio')}, reward {_val(sft, 'val_reward')}; after: loss ratio "
+              f"{_val(metrics, 'val_loss_ratio')}, reward {_val(metrics, 'val_reward')}.\n")
     return "\n".join(lines) + "\n" + before
 
 
@@ -119,16 +128,25 @@ def grpo_figure(metrics: dict | None, path: Path) -> bool:
 
     hist = metrics["history"]
     steps = list(range(1, len(hist) + 1))
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
+    fig, axes = plt.subplots(1, 4, figsize=(16, 3.4))
     mean = [h["reward_mean"] for h in hist]
     std = [h["reward_std"] for h in hist]
     axes[0].plot(steps, mean, marker="o", color="C0")
     axes[0].fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2)
     axes[0].set(title="training reward (mean ± std over rollouts)", xlabel="GRPO step")
-    axes[1].plot(steps, [h["kl"] for h in hist], marker="o", color="C1")
-    axes[1].set(title="KL to the SFT scorer", xlabel="GRPO step")
-    axes[2].plot(steps, [h["clip_frac"] for h in hist], marker="o", color="C2")
-    axes[2].set(title="clip fraction", xlabel="GRPO step")
+    sft = {k[4:]: v for k, v in metrics.items() if k.startswith("sft_val_")}
+    val = [(0, sft)] * bool(sft) + [(i + 1, h) for i, h in enumerate(hist) if "val_reward" in h]
+    for ax, key, title in ((axes[1], "val_reward", "held-out reward (95% CI; step 0 = SFT)"),
+                           (axes[2], "val_loss_ratio", "held-out loss ratio (95% CI)")):
+        xs = [x for x, _ in val]
+        ax.plot(xs, [h[key] for _, h in val], marker="o", color="C3")
+        if all(h.get(key + "_lo") is not None for _, h in val) and val:
+            ax.fill_between(xs, [h[key + "_lo"] for _, h in val], [h[key + "_hi"] for _, h in val], alpha=0.2, color="C3")
+        ax.set(title=title, xlabel="GRPO step")
+    axes[3].plot(steps, [h["kl"] for h in hist], marker="o", color="C1")
+    axes[3].set(title="KL to SFT (orange) and clip fraction (green)", xlabel="GRPO step")
+    clip = axes[3].twinx()
+    clip.plot(steps, [h["clip_frac"] for h in hist], marker="s", color="C2")
     for ax in axes:
         ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -73,6 +73,13 @@ def test_grpo_runs_checkpoints_and_resumes(tiny_model_dir, tmp_path):
     cfg = json.loads((tmp_path / "grpo" / "config.json").read_text())
     assert cfg["stage"] == "grpo" and "val_loss_ratio" in cfg["metrics"] and "sft_val_loss_ratio" in cfg["metrics"]
     assert any((tmp_path / "grpo" / "tb").iterdir())
+    # the held-out curve: a point with its bootstrap interval at every checkpoint (steps 2 and 3), none between
+    hist = metrics["history"]
+    assert [i + 1 for i, h in enumerate(hist) if "val_reward" in h] == [2, 3]
+    for h in hist[1:]:
+        for k in ("val_reward", "val_loss_ratio"):  # intervals are rounded to 4 digits
+            assert h[f"{k}_lo"] - 1e-4 <= h[k] <= h[f"{k}_hi"] + 1e-4
+    assert metrics["val_reward"] == round(hist[-1]["val_reward"], 5) and metrics["val_traces"] >= 1
     # the scorers moved away from the SFT start
     from foresight.checkpoint import load_scorer
 
@@ -86,8 +93,9 @@ def test_grpo_runs_checkpoints_and_resumes(tiny_model_dir, tmp_path):
     with killed_after_checkpoint():
         train_grpo(r, tdir, tmp_path / "sft", tmp_path / "grpo2", progress=False, log=lambda *_: None)
     assert torch.load(tmp_path / "grpo2" / "ckpt" / "state.pt", weights_only=False)["step"] == 2
-    resumed, _ = train_grpo(r, tdir, tmp_path / "sft", tmp_path / "grpo2", resume=True, progress=False,
-                            log=lambda *_: None)
+    resumed, m2 = train_grpo(r, tdir, tmp_path / "sft", tmp_path / "grpo2", resume=True, progress=False,
+                             log=lambda *_: None)
+    assert "val_reward" in m2["history"][1]  # the point validated before the kill is in the resumed run's curve
     for k, v in bank.state_dict().items():
         assert torch.allclose(v, resumed.state_dict()[k], atol=1e-6), k
 
