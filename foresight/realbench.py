@@ -118,7 +118,8 @@ def run(bench: Bench) -> dict:
         elif stage == "report":
             from foresight.realbench_report import write_report
 
-            write_report(out, bench.report, SFT_ABLATIONS, SAMPLERS, command=command_line(bench), took=stage_times(out))
+            write_report(out, bench.report, SFT_ABLATIONS, SAMPLERS, command=command_line(bench), took=stage_times(out),
+                         main_sampler=(recipe.eval.scorer_selection, int(bench.middle_budget().split(":")[0])))
         took[stage] = round(time.time() - t0, 1)
         record_time(out, stage, took[stage])
     return took
@@ -134,6 +135,8 @@ def ablations(bench: Bench) -> None:
     out, traces = bench.out, bench.out / "traces"
     budget = bench.middle_budget()
     for mode in SAMPLERS:
+        if mode == bench.recipe().eval.scorer_selection:
+            continue  # the main evaluation's rows at this budget (the report takes them from there)
         banner(f"sampler {mode}")
         run_eval(bench.recipe(f"eval.scorer_selection={mode}"), out / f"eval-sampler-{mode}", methods="golden",
                  budgets=budget, scorers=[d for d in (out / "sft", out / "grpo") if trained(d)])

@@ -173,7 +173,8 @@ def merged_ablations(out: Path) -> list[dict] | None:
     return rows or None
 
 
-def write_report(out: Path, report: Path, sft_ablations, samplers, command: str, took: dict) -> dict:
+def write_report(out: Path, report: Path, sft_ablations, samplers, command: str, took: dict,
+                 main_sampler: tuple[str, int] | None = None) -> dict:
     """``report/results.md`` and ``report/results.json`` from the benchmark folder ``out``; figures copied or drawn
     into ``report``. Returns the results dict."""
     out, report = Path(out), Path(report)
@@ -188,6 +189,8 @@ def write_report(out: Path, report: Path, sft_ablations, samplers, command: str,
     labels = {"foresight-sft": "main: key + value + attention, width 16, mean pooling"} | {
         f"foresight-sft({name})": f"{name}: {what}" for name, what, _ in sft_ablations}
     sampler_rows = {m: _load(out / f"eval-sampler-{m}" / "results.json") for m in samplers}
+    if main_sampler is not None and sampler_rows.get(main_sampler[0]) is None:  # the main evaluation's own sampler
+        sampler_rows[main_sampler[0]] = [r for r in rows if r["budget"] == main_sampler[1]] or None
     for f in FIGURES:
         if (out / "eval" / f).exists():
             shutil.copyfile(out / "eval" / f, report / f)

@@ -77,6 +77,13 @@ def test_realbench_runs_end_to_end_and_resumes(tiny_model_dir, tmp_path, monkeyp
             "kvpop.sinks=1", "grpo.steps=2", "grpo.traces_per_step=1", "grpo.group=2", "grpo.epochs=1",
             "grpo.ckpt_every=1", "eval.num_problems=2", "eval.budgets=8:4,16:4",
             "eval.methods=full,golden,h2o,streamingllm")
+    # first the SFT scorer alone and its evaluation (a report from part of the run), then everything: the evaluation
+    # is extended by the later scorers' rows, the SFT rows kept as they were
+    first = realbench.Bench(ROOT / "recipes/tiny-qwen3.yaml", sets, tmp_path / "rb", tmp_path / "report",
+                            ("traces", "sft", "eval", "report"))
+    realbench.run(first)
+    early = json.loads((tmp_path / "report/results.json").read_text())["main"]
+    assert {r["method"] for r in early} == {"full", "golden", "h2o", "streamingllm", "foresight-sft"}
     bench = realbench.Bench(ROOT / "recipes/tiny-qwen3.yaml", sets, tmp_path / "rb", tmp_path / "report")
     realbench.run(bench)
     res = json.loads((tmp_path / "report/results.json").read_text())
@@ -87,8 +94,10 @@ def test_realbench_runs_end_to_end_and_resumes(tiny_model_dir, tmp_path, monkeyp
     abl = {r["method"] for r in res["ablations"]}
     assert abl == {"golden", "foresight-sft"} | {f"foresight-sft({n})" for n, _, _ in realbench.SFT_ABLATIONS}
     assert {r["budget"] for r in res["ablations"]} == {16}  # the middle budget
-    for mode in realbench.SAMPLERS:
-        assert {r["method"] for r in res["samplers"][mode]} == {"golden", "foresight-sft", "foresight-grpo"}
+    assert all(r in res["main"] for r in early)  # the SFT evaluation's rows, unchanged
+    for mode in realbench.SAMPLERS:  # top-L is the main evaluation's own selection: its rows, not a second run
+        assert {"golden", "foresight-sft", "foresight-grpo"} <= {r["method"] for r in res["samplers"][mode]}
+    assert not (tmp_path / "rb" / "eval-sampler-topk").exists()
     assert len(res["grpo"]["history"]) == 2 and {"kl", "clip_frac", "reward_mean"} <= set(res["grpo"]["history"][0])
     md = (tmp_path / "report/results.md").read_text()
     assert "## Goal checks" in md and "attn-only" in md and "| multinomial |" in md
