@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from foresight import atomic
-from foresight.report import _fmt, _with_ci, results_table
+from foresight.report import fmt, with_ci, results_table
 from foresight.styles import method_group
 
 FIGURES = ("overview.png", "loss_ratio.png", "loss_increase.png", "eviction_map.png")
@@ -26,7 +26,7 @@ def _load(path: Path):
 
 
 def _ci(r: dict, key: str, nd: int = 4) -> str:
-    return _with_ci(r.get(key), r.get(f"{key}_ci"), nd)
+    return with_ci(r.get(key), r.get(f"{key}_ci"), nd)
 
 
 def _below(a: dict, b: dict, key: str) -> bool:
@@ -97,8 +97,8 @@ def _val(h: dict, key: str, nd: int = 4) -> str:
     """A validation value with its interval (``key_lo``, ``key_hi``) when recorded."""
     if h.get(key) is None:
         return "—"
-    ci = f" [{_fmt(h[key + '_lo'], nd)}, {_fmt(h[key + '_hi'], nd)}]" if h.get(key + "_lo") is not None else ""
-    return _fmt(h[key], nd) + ci
+    ci = f" [{fmt(h[key + '_lo'], nd)}, {fmt(h[key + '_hi'], nd)}]" if h.get(key + "_lo") is not None else ""
+    return fmt(h[key], nd) + ci
 
 
 def grpo_section(metrics: dict | None) -> str:
@@ -107,8 +107,8 @@ def grpo_section(metrics: dict | None) -> str:
     lines = ["| step | reward mean | reward std | |advantage| | KL to SFT | clip fraction | held-out loss ratio [95% CI] | "
              "held-out reward [95% CI] |", "|---|---|---|---|---|---|---|---|"]
     for i, h in enumerate(metrics["history"]):
-        lines.append(f"| {i + 1} | {_fmt(h.get('reward_mean'), 4)} | {_fmt(h.get('reward_std'), 4)} | "
-                     f"{_fmt(h.get('adv_abs'), 3)} | {_fmt(h.get('kl'), 5)} | {_fmt(h.get('clip_frac'), 3)} | "
+        lines.append(f"| {i + 1} | {fmt(h.get('reward_mean'), 4)} | {fmt(h.get('reward_std'), 4)} | "
+                     f"{fmt(h.get('adv_abs'), 3)} | {fmt(h.get('kl'), 5)} | {fmt(h.get('clip_frac'), 3)} | "
                      f"{_val(h, 'val_loss_ratio')} | {_val(h, 'val_reward')} |")
     sft = {k[4:]: v for k, v in metrics.items() if k.startswith("sft_val_")}
     n = f"{metrics['val_traces']} " if metrics.get("val_traces") else ""
@@ -219,10 +219,10 @@ def write_report(out: Path, report: Path, sft_ablations, samplers, command: str,
                   f"{c['best_heuristic_loss_ratio']:.4f} | {_yes(c['below_every_heuristic'])} | "
                   f"{_yes(c['separated_from_every_heuristic'])} | {', '.join(c['heuristics_not_separated']) or '—'} | "
                   f"{_yes(c['at_or_below_best_heuristic_at_2B'])} ({c['best_heuristic_at_2B'] or '—'}) | "
-                  f"{_with_ci(c['recall_at_L'], c['recall_at_L_ci'], 3)} |")
+                  f"{with_ci(c['recall_at_L'], c['recall_at_L_ci'], 3)} |")
     md += ["\n**GRPO against SFT** (Δloss on low-entropy tokens):\n", "| B | SFT [95% CI] | GRPO [95% CI] | GRPO below, "
            "intervals separated |", "|---|---|---|---|"]
-    md += [f"| {g['budget']} | {_with_ci(g['sft'], g['sft_ci'], 4)} | {_with_ci(g['grpo'], g['grpo_ci'], 4)} | "
+    md += [f"| {g['budget']} | {with_ci(g['sft'], g['sft_ci'], 4)} | {with_ci(g['grpo'], g['grpo_ci'], 4)} | "
            f"{_yes(g['grpo_below_with_separated_intervals'])} |" for g in rl]
     md += ["\n## Ablations (middle budget)\n"]
     md += [ablation_table(ablation_rows, labels) if ablation_rows else "Not run.\n"]

@@ -30,7 +30,8 @@ def _prot(v) -> str:
     return "fallback (prompt > B)" if v == "fallback" else ("yes" if v else "no")
 
 
-def _fmt(v, nd=3):
+def fmt(v, nd=3) -> str:
+    """A table cell: a number to ``nd`` digits (an em dash for None)."""
     if v is None:
         return "—"
     if isinstance(v, float):
@@ -38,8 +39,9 @@ def _fmt(v, nd=3):
     return str(v)
 
 
-def _with_ci(v, ci, nd):
-    return _fmt(v, nd) + ("" if not ci else f" [{_fmt(ci[0], nd)}, {_fmt(ci[1], nd)}]")
+def with_ci(v, ci, nd) -> str:
+    """A table cell: a value and its interval ``[lo, hi]`` when known."""
+    return fmt(v, nd) + ("" if not ci else f" [{fmt(ci[0], nd)}, {fmt(ci[1], nd)}]")
 
 
 def results_table(rows, meta) -> str:
@@ -47,15 +49,15 @@ def results_table(rows, meta) -> str:
             "mean cache |\n|---|---|---|---|---|---|---|---|---|---|\n")
     body = "".join(
         f"| {r['method']} | {_prot(r['protect_prompt'])} | {r['budget']}:{r['interval']} | "
-        f"{_with_ci(r['loss_ratio'], r.get('loss_ratio_ci'), 4)} | "
-        f"{_with_ci(r['low_entropy_loss_increase'], r.get('low_entropy_loss_increase_ci'), 3)} | "
-        f"{_with_ci(r['high_entropy_loss_increase'], r.get('high_entropy_loss_increase_ci'), 3)} | "
-        f"{_fmt(r['accuracy'])} | {r['n_samples']} | {_with_ci(r['recall_at_L'], r.get('recall_at_L_ci'), 3)} | "
-        f"{_fmt(r['mean_cache'], 1)} |\n"
+        f"{with_ci(r['loss_ratio'], r.get('loss_ratio_ci'), 4)} | "
+        f"{with_ci(r['low_entropy_loss_increase'], r.get('low_entropy_loss_increase_ci'), 3)} | "
+        f"{with_ci(r['high_entropy_loss_increase'], r.get('high_entropy_loss_increase_ci'), 3)} | "
+        f"{fmt(r['accuracy'])} | {r['n_samples']} | {with_ci(r['recall_at_L'], r.get('recall_at_L_ci'), 3)} | "
+        f"{fmt(r['mean_cache'], 1)} |\n"
         for r in rows)
     info = (f"\n{meta['num_problems']} held-out problems, mean trace {meta['mean_trace_length']:.0f} tokens "
             f"(prompt {meta['mean_prompt_length']:.0f}); full-cache accuracy of the reference traces: "
-            f"{_fmt(meta['full_cache_trace_accuracy'])}. Intervals: 95% bootstrap over the held-out traces.\n")
+            f"{fmt(meta['full_cache_trace_accuracy'])}. Intervals: 95% bootstrap over the held-out traces.\n")
     return head + body + info
 
 
