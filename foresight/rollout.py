@@ -21,6 +21,10 @@ from transformers import DynamicCache
 from foresight.cache import BoundedCache
 from foresight.config import EvictionSettings
 
+# the full cache's chunks hold at most this many logits (b x tokens x vocabulary; 512 MB in fp32): 48 SmolLM2 rows of
+# 1,024 tokens at once were [48, 1024, 49152] in bf16, then twice that in fp32 for the loss and entropy (OOM at 24 GB)
+MAX_CHUNK_LOGITS = 1 << 27
+
 
 def loss_and_entropy(logits: torch.Tensor, targets: torch.Tensor, entropy: bool = True):
     """logits [b, q, V] (any dtype), targets [b, q] -> (nll [b, q], entropy [b, q] or None) in fp32."""
@@ -86,6 +90,8 @@ def rollout(model, input_ids: torch.Tensor, policy=None, settings: EvictionSetti
     """
     b, S = input_ids.shape
     dev = input_ids.device
+    if policy is None:  # a full-cache pass: chunks no larger than the logits' memory allows
+        chunk = max(1, min(chunk, MAX_CHUNK_LOGITS // (b * model.config.vocab_size)))
     cache = make_cache(model, policy, settings, prompt_len, recorder, generator)
     loss = torch.zeros(b, S, device=dev)
     ent = torch.zeros(b, S, device=dev)

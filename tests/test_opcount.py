@@ -3,6 +3,7 @@ forward of the same chunks, and the working memory of a chunked prefill. The bou
 room; a change that adds per-layer Python work or a prompt-sized tensor fails here, on any machine."""
 
 import pytest
+import torch
 
 from foresight import opcount
 
@@ -43,3 +44,19 @@ def test_the_counter_sees_views_as_free_and_allocations_as_allocations():
         (x + 1).sum()  # a transient one
     assert c.ops >= 4 and c.largest == 1000 and c.largest_resident == 1000 and c.largest_transient == 1000
     assert y.shape == (1000,)
+
+
+def test_a_full_cache_pass_chunks_its_logits_to_a_fixed_size(qwen3, monkeypatch):
+    """A full-cache pass over many rows takes fewer tokens per chunk so that a chunk's logits stay within
+    ``MAX_CHUNK_LOGITS`` (48 SmolLM2 references of 1,024 tokens were killed at 24 GB), with the same losses."""
+    from foresight import rollout as ro
+
+    ids = torch.randint(8, qwen3.config.vocab_size, (6, 96), generator=torch.Generator().manual_seed(0))
+    whole = ro.rollout(qwen3, ids)
+    V = qwen3.config.vocab_size
+    monkeypatch.setattr(ro, "MAX_CHUNK_LOGITS", 6 * 16 * V)  # 16 tokens of 6 rows per chunk
+    with opcount.OpCounter() as c:
+        sliced = ro.rollout(qwen3, ids)
+    assert torch.allclose(whole.token_loss, sliced.token_loss, atol=1e-5)
+    assert torch.allclose(whole.token_entropy, sliced.token_entropy, atol=1e-5)
+    assert c.largest_transient <= 6 * 16 * V < 6 * 96 * V
