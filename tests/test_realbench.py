@@ -61,6 +61,16 @@ def test_goal_checks_compare_intervals_and_twice_the_budget():
     assert c128["heuristics_not_separated"] == ["tova"]  # 1.12 > 1.11: the intervals overlap
     assert c128["best_heuristic_at_2B"] == "h2o" and c128["at_or_below_best_heuristic_at_2B"] is False  # 1.10 > 1.05
     assert c256["separated_from_every_heuristic"] and c256["at_or_below_best_heuristic_at_2B"] is None
+    # a heuristic that holds more pairs (the prompt on top of B) is set apart from the equal-memory comparison
+    rows += [_row("random-keep-prompt", 128, 1.09, (1.07, 1.11)) | {"mean_cache": 230.0}]
+    for r in rows:
+        r.setdefault("mean_cache", 150.0)
+    c128 = goal_checks(rows)[0]
+    assert c128["heuristics_holding_more"] == ["random-keep-prompt"] and not c128["below_every_heuristic"]
+    assert not c128["separated_at_equal_memory"]  # tova still overlaps
+    rows = [r for r in rows if r["method"] != "tova"]
+    c128 = goal_checks(rows)[0]
+    assert c128["separated_at_equal_memory"] and not c128["separated_from_every_heuristic"]
     (g,) = grpo_vs_sft(rows)
     assert g["budget"] == 128 and g["grpo_below_with_separated_intervals"]
 
