@@ -90,6 +90,7 @@ RULES = {
     "grpo.warmup": at_least(0), "grpo.clip_eps": above(0), "grpo.epochs": at_least(1), "grpo.beta": at_least(0),
     "grpo.eta": at_least(0), "grpo.low_entropy_share": within(0, 1),
     "grpo.normalise": one_of("low_entropy", "counted"), "grpo.temperature": above(0), "grpo.ckpt_every": at_least(1),
+    "grpo.val_traces": at_least(0),
     "kvpop.scorer": one_of("mlp", "mlstm"), "kvpop.sinks": at_least(0), "kvpop.window": at_least(0),
     "kvpop.gamma": within(0, 1), "kvpop.decay_step": at_least(1), "kvpop.eps": above(0),
     "kvpop.agg": one_of("max", "mean"), "kvpop.tau": above(0), "kvpop.margin": at_least(0),
