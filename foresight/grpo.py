@@ -227,9 +227,11 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
             for k, v in stats.items():
                 writer.add_scalar(f"grpo/{k}", v, step)
         bar.set_postfix(reward=f"{stats['reward_mean']:.3f}", kl=f"{stats['kl']:.4f}", clip=f"{stats['clip_frac']:.2f}")
-        if val_idx and rank == 0 and ((step + 1) % plan.ckpt_every == 0 or step + 1 == plan.steps):
-            stats.update(validate(model, bank, ds, val_idx, settings, grpo_cfg))  # before the checkpoint: a resumed
-            if writer is not None:                                               # run's curve keeps this point
+        if val_idx and ((step + 1) % plan.ckpt_every == 0 or step + 1 == plan.steps):
+            # on every rank (ZeRO-3's partitioned scorers gather in each forward), before the checkpoint: a resumed
+            # run's curve keeps this point
+            stats.update(validate(model, bank, ds, val_idx, settings, grpo_cfg))
+            if writer is not None:
                 for k in ("val_loss_ratio", "val_reward"):
                     writer.add_scalar(f"grpo/{k}", stats[k], step)
         save_progress(step, plan, bank, opt, sched, engine, ckpt, rank,  # every rank (ZeRO-3 gathers)
