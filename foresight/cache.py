@@ -291,7 +291,8 @@ class BoundedCache(Cache):
             f"{sorted(self.policy.reads)} (Policy.reads), and the cache computes only those")
         tok = self.token[:, :, :, :n]
         evictable = candidates(tok, self.window, self.settings.sinks, self.first_real, self.protected_prefix)
-        stats = self.stats.view_stats(n, self.slots, self.padded, self.scaling, lambda: self._check_current(at), missing)
+        stats = self.stats.view_stats(n, self.slots, self.padded, self.scaling, lambda: self._check_current(at), missing,
+                                      layers_per_slice=max(1, self.settings.interval // features.QUERY_WINDOW))
         return EvictionView(self.keys[:, :, :, :n], self.values[:, :, :, :n], tok, stats, evictable, n_evict=0,
                             step=self.steps, seen=self.seen, prompt_len=self.prompt_len or 0,
                             generator=self.generator, slot={k: v[..., :n] for k, v in self.slots.extra.items()})

@@ -31,6 +31,9 @@ WINDOWS = (1, 8, 16, 32)
 VIEW_STATS = frozenset(STAT_NAMES) | {"w1", "pivot32"}  # every name an EvictionView's stats can hold
 QUERY_WINDOW = max(WINDOWS)
 DECAY = 0.9
+# working memory (values) up to which a per-eviction computation over all layers runs as one batched call; above it,
+# in slices of layers, so memory does not grow with depth (the scorer's inputs, the window sums' probabilities)
+ALL_LAYERS_MAX_VALUES = 1 << 19
 
 
 def feature_dim(head_dim: int, group: int, features=("key", "value", "attn")) -> int:

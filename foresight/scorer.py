@@ -17,7 +17,7 @@ import math
 import torch
 from torch import nn
 
-from foresight.features import STAT_NAMES, feature_dim, stat_vector
+from foresight.features import ALL_LAYERS_MAX_VALUES, STAT_NAMES, feature_dim, stat_vector
 from foresight.models import describe
 from foresight.policies.base import Policy
 
@@ -70,12 +70,15 @@ class ScorerBank(nn.Module):
         return torch.cat(parts, dim=-1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.float()
-        x = nn.functional.layer_norm(x, (self.d_in,))
-        x = x * self.ln_w[:, None, :, None, :] + self.ln_b[:, None, :, None, :]
-        hdn = torch.einsum("lbhnd,lhdk->lbhnk", x, self.w1) + self.b1[:, None, :, None, :]
+        return self.forward_layers(slice(None), x)
+
+    def forward_layers(self, layers: slice, x: torch.Tensor) -> torch.Tensor:
+        """The MLPs of a slice of layers: x [nl', b, h, n, D_in] -> [nl', b, h, n]."""
+        x = nn.functional.layer_norm(x.float(), (self.d_in,))
+        x = x * self.ln_w[layers, None, :, None, :] + self.ln_b[layers, None, :, None, :]
+        hdn = torch.einsum("lbhnd,lhdk->lbhnk", x, self.w1[layers]) + self.b1[layers, None, :, None, :]
         hdn = ACTIVATIONS[self.activation](hdn)
-        return torch.einsum("lbhnk,lhk->lbhn", hdn, self.w2)
+        return torch.einsum("lbhnk,lhk->lbhn", hdn, self.w2[layers])
 
     def forward_layer(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """One layer's MLPs: x [b, h, n, D_in] -> [b, h, n] (used by per-layer hooks such as kvpress)."""
@@ -103,8 +106,23 @@ class LearnedPolicy(Policy):
 
     @torch.no_grad()
     def score(self, view):
+        """Scores [nl, b, h, n], a slice of layers at a time when all layers' inputs would exceed
+        ``ALL_LAYERS_MAX_VALUES`` (one call for a small model; one layer at a time for Qwen3-4B, whose 36 layers'
+        inputs at B=2048 are ~180 M values per sequence), so the working memory does not grow with depth."""
         p = next(self.bank.parameters())
-        return self.bank(self.bank.inputs(view).to(p.device)).to(view.keys.device)
+        nl, b, h, n = view.keys.shape[:4]
+        per_layer = b * h * n * self.bank.d_in
+        step = max(1, ALL_LAYERS_MAX_VALUES // max(per_layer, 1))
+        if step >= nl:
+            return self.bank(self.bank.inputs(view).to(p.device)).to(view.keys.device)
+        attn = "attn" in self.bank.features
+        out = view.keys.new_empty((nl, b, h, n), dtype=torch.float32)
+        for lo in range(0, nl, step):
+            sl = slice(lo, lo + step)
+            stats = {k: view.stats[k][sl] for k in STAT_NAMES} if attn else {}
+            x = self.bank.assemble(view.keys[sl], view.values[sl], stats)
+            out[sl] = self.bank.forward_layers(sl, x.to(p.device)).to(out.device)
+        return out
 
 
 def bank_for_model(model, hidden: int = 16, activation: str = "gelu", features=("key", "value", "attn"),

@@ -180,16 +180,27 @@ class SlotStatistics:
         self.n_pending = 0
 
     # ---------------------------------------------------------------------------------------- read-out
-    def window_stats(self, keys, token, n: int, padded: bool, scaling: float) -> dict:
+    def window_stats(self, keys, token, n: int, padded: bool, scaling: float, layers_per_slice: int = 0) -> dict:
         """Sums over the last 1/8/16/32 queries and Scissorhands' ``pivot32`` counts, recomputed from the kept
-        queries against the first n slots (see features.py)."""
-        nl, b, hq, W, d = self.recent_q.shape
+        queries against the first n slots (see features.py). Their probabilities [layers, b, H, 32, n] are computed
+        for all layers at once up to ``features.ALL_LAYERS_MAX_VALUES``, above it ``layers_per_slice`` layers at a
+        time: the cache passes interval // 32, so a slice is at most one layer's attention of a chunk (b·H·L·n)."""
+        nl, b, hq, W, _ = self.recent_q.shape
+        step = layers_per_slice or nl
+        if step >= nl or nl * b * hq * W * n <= features.ALL_LAYERS_MAX_VALUES:
+            return self._window_slice(slice(None), keys, token, n, padded, scaling)
+        parts = [self._window_slice(slice(lo, lo + step), keys, token, n, padded, scaling) for lo in range(0, nl, step)]
+        return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+    def _window_slice(self, layers: slice, keys, token, n: int, padded: bool, scaling: float) -> dict:
+        recent_q = self.recent_q[layers]
+        nl, b, hq, W, d = recent_q.shape
         h = keys.shape[2]
         g = hq // h
-        K = keys[:, :, :, :n]  # [nl,b,h,n,d]
-        queries = (self.recent_q * scaling).view(nl, b, h, g * W, -1)
+        K = keys[layers, :, :, :n]  # [nl,b,h,n,d]
+        queries = (recent_q * scaling).view(nl, b, h, g * W, -1)
         scores = torch.matmul(queries, K.transpose(-1, -2)).float().view(nl, b, h, g, W, n)
-        ktok = token[:, :, :, :n]
+        ktok = token[layers, :, :, :n]
         newest = ktok[..., max(n - W, 0):]
         if not padded and n >= W and torch.equal(newest, self.recent_token.expand_as(newest)):
             # the W queries are the tokens of the newest W slots (no padding): only that [W, W] block is causal,
@@ -214,7 +225,8 @@ class SlotStatistics:
     def min_stat(self, n: int) -> torch.Tensor:
         return torch.nan_to_num(self.min[..., :n], posinf=0.0)  # 0 for a key no block query saw
 
-    def view_stats(self, n: int, slots, padded: bool, scaling: float, check, missing: str) -> LazyStats:
+    def view_stats(self, n: int, slots, padded: bool, scaling: float, check, missing: str,
+                   layers_per_slice: int = 0) -> LazyStats:
         """The statistics of the first n slots (of the :class:`~foresight.slots.SlotStore` ``slots``) for an eviction
         view: the block statistics at once, the window sums and ``min`` when first read (``check()`` raises if the
         view is stale by then); ``missing``: the message for a statistic that is not accumulated."""
@@ -224,7 +236,8 @@ class SlotStatistics:
         if "sum" in self.needs:
             stats.update(sum=self.sum[..., :n], cum=self.cum[..., :n], decay=self.decay[..., :n])
         if "window" in self.needs:
-            lazy.append((WINDOW_KEYS, lambda: (check(), self.window_stats(slots.keys, slots.token, n, padded, scaling))[1]))
+            lazy.append((WINDOW_KEYS, lambda: (check(), self.window_stats(slots.keys, slots.token, n, padded, scaling,
+                                                                        layers_per_slice))[1]))
         if "min" in self.needs:
             lazy.append(({"min"}, lambda: (check(), {"min": self.min_stat(n)})[1]))
         return LazyStats(stats, lazy, missing)
