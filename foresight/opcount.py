@@ -125,16 +125,16 @@ def prefill_largest(prompt_len: int, policy: str = "h2o", model=None, batch: int
 def report(policies=("streamingllm", "h2o", "learned"), prompts=(1024, 4096)) -> dict:
     model = reference_model()
     return {"ops": [ops_per_chunk(p, model) for p in policies],
-            "prefill": [prefill_largest(n, model=model) for n in prompts]}
+            "prefill": [prefill_largest(n, policy=p, model=model) for p in ("h2o", "learned") for n in prompts]}
 
 
 def table(res: dict) -> str:
     lines = ["| policy | plain forward ops / chunk / layer | rollout | extra |", "|---|---|---|---|"]
     lines += [f"| {r['policy']} | {r['plain_per_chunk_layer']} | {r['rollout_per_chunk_layer']} | "
               f"+{r['extra_per_chunk_layer']} |" for r in res["ops"]]
-    lines += ["", "| prompt | largest transient tensor in the prefill | bound max(b·V, b·H·L·(B+L)) | largest resident "
-              "(the cache's storage) |", "|---|---|---|---|"]
-    lines += [f"| {r['prompt_len']} | {r['largest_transient']:,} | {r['bound']:,} | {r['largest_resident']:,} |"
+    lines += ["", "| policy | prompt | largest transient tensor in the prefill | bound max(b·V, b·H·L·(B+L)) | largest "
+              "resident (the cache's storage) |", "|---|---|---|---|---|"]
+    lines += [f"| {r['policy']} | {r['prompt_len']} | {r['largest_transient']:,} | {r['bound']:,} | {r['largest_resident']:,} |"
               for r in res["prefill"]]
     return "\n".join(lines)
 
