@@ -131,7 +131,7 @@ class SFTConfig:
     warmup: int = 10
     schedule: str = "cosine"
     margin: float = 0.01
-    pairs: str = "all"  # all | sampled
+    pairs: str = "all"  # all | sampled | boundary (sampled pairs across golden's eviction set only)
     sampled_pairs: int = 4096
     pair_chunk: int = 65536
     golden_pool: str = "mean"  # mean | max (pooling over a block's queries and a GQA group's heads)
@@ -143,6 +143,7 @@ class SFTConfig:
     seed: int = 0
     deepspeed: str | None = None
     objective: str = "foresight"  # foresight (golden ranking, pairwise hinge) | kvpop (boundary loss, see `kvpop`)
+    val_traces: int = 2  # the last traces of the dataset, held out for validation (at most a quarter of them)
 
 
 @dataclass

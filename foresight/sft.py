@@ -30,6 +30,7 @@ import torch
 from foresight import distributed
 from foresight.golden_store import GoldenStore, golden_examples
 from foresight.locks import locks_output
+from foresight.report import bootstrap_ci
 from foresight.selection import top_indices, topk_overlap
 from foresight.scorer import bank_for_model
 from foresight.training import finish_run, full_state_dict, load_stage_inputs, optimizer_step, progress_bar, \
@@ -38,9 +39,14 @@ from foresight.training import finish_run, full_state_dict, load_stage_inputs, o
 
 # ------------------------------------------------------------------------------------------------ loss
 def pairwise_hinge(phi, fut, cand, margin: float = 0.01, mode: str = "all", sampled: int = 4096,
-                   chunk: int = 1 << 24, generator=None):
-    """Per-row mean hinge over ordered pairs; phi, fut, cand: [R, n]. Returns (mean over rows with pairs, rows)."""
+                   chunk: int = 1 << 24, generator=None, k: int = 0):
+    """Per-row mean hinge over ordered pairs; phi, fut, cand: [R, n]. Returns (mean over rows with pairs, rows).
+    ``mode``: ``all`` pairs, ``sampled`` pairs, or ``boundary``: ``sampled`` pairs across golden's eviction set, one
+    of the ``k`` candidates golden evicts against one it keeps (the order inside either set does not count: top-k
+    eviction and recall@L depend only on the set)."""
     R, n = phi.shape
+    if mode == "boundary":
+        return boundary_hinge(phi, fut, cand, margin, sampled, k, generator)
     if mode == "all":
         per_row = []
         rows_per_chunk = max(1, chunk // max(1, n * n))
@@ -68,6 +74,33 @@ def pairwise_hinge(phi, fut, cand, margin: float = 0.01, mode: str = "all", samp
     return (sums[has, 0] / sums[has, 1]).mean(), int(has.sum())
 
 
+def golden_set(fut, cand, k: int) -> torch.Tensor:
+    """[R, n] mask of golden's k evictions among each row's candidates (lowest future first, then the oldest)."""
+    gold = top_indices((-fut).masked_fill(~cand, torch.finfo(fut.dtype).min), k)
+    return torch.zeros_like(cand).scatter_(1, gold, True) & cand
+
+
+def boundary_hinge(phi, fut, cand, margin: float, sampled: int, k: int, generator=None):
+    """Hinge over ``sampled`` pairs per row (i, j): i drawn from golden's k evictions, j from the candidates it keeps."""
+    if k < 1:
+        raise ValueError("sft.pairs='boundary' needs the eviction size k = cache.interval >= 1")
+    gold = golden_set(fut, cand, k)
+    rest = cand & ~gold
+    valid = gold.any(1) & rest.any(1)
+    one = torch.ones_like(gold[0], dtype=torch.float32)
+    wi = torch.where(valid[:, None], gold.float(), one).cpu()  # rows without pairs draw anything, masked below
+    wj = torch.where(valid[:, None], rest.float(), one).cpu()
+    i = torch.multinomial(wi, sampled, replacement=True, generator=generator).to(phi.device)
+    j = torch.multinomial(wj, sampled, replacement=True, generator=generator).to(phi.device)
+    ok = valid[:, None] & (fut.gather(1, i) < fut.gather(1, j))  # an exact tie at the boundary orders nothing
+    h = torch.relu(margin - (phi.gather(1, i) - phi.gather(1, j))) * ok
+    sums = torch.stack([h.sum(1), ok.sum(1).float()], -1)
+    has = sums[:, 1] > 0
+    if not has.any():
+        return phi.sum() * 0.0, 0
+    return (sums[has, 0] / sums[has, 1]).mean(), int(has.sum())
+
+
 def recall_at_l(phi, fut, cand, k: int) -> torch.Tensor:
     """[R] |scorer's top-k eviction set ∩ golden set| / k within each row's candidates."""
     neg = torch.finfo(phi.dtype).min
@@ -86,7 +119,7 @@ def example_loss(bank, examples, cfg, interval, generator=None):
         cands.append(c.reshape(nl, -1, x.shape[3]))
     phi, fut, cand = torch.cat(phis, 1), torch.cat(futs, 1), torch.cat(cands, 1)  # [nl, rows, n]
     loss, _ = pairwise_hinge(phi.flatten(0, 1), fut.flatten(0, 1), cand.flatten(0, 1), cfg.margin, cfg.pairs,
-                             cfg.sampled_pairs, cfg.pair_chunk, generator)
+                             cfg.sampled_pairs, cfg.pair_chunk, generator, k=interval)
     with torch.no_grad():
         rec = recall_at_l(phi.flatten(0, 1), fut.flatten(0, 1), cand.flatten(0, 1), interval).view(nl, -1).mean(1)
     return loss, rec
@@ -162,6 +195,10 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
             vals = [example_loss(bank, examples_for(i), cfg, interval, torch.Generator().manual_seed(0)) for i in val_idx]
         metrics["val_loss"] = round(torch.stack([v[0] for v in vals]).mean().item(), 5)
         metrics["val_recall_at_L"] = round(torch.stack([v[1] for v in vals]).mean().item(), 4)
+        ci = bootstrap_ci([v[1].mean().item() for v in vals])  # over the validation traces
+        if ci is not None and len(vals) > 1:
+            metrics["val_recall_at_L_lo"], metrics["val_recall_at_L_hi"] = (round(x, 4) for x in ci)
+        metrics["val_traces"] = len(val_idx)
         metrics["val_recall_at_L_per_layer"] = [round(x, 4) for x in torch.stack([v[1] for v in vals]).mean(0).tolist()]
     weights = full_state_dict(bank, engine)
     if engine is not None and engine.zero_optimization_stage() == 3:

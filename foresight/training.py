@@ -61,7 +61,7 @@ def check_traces_model(ds, traces_dir, recipe, model) -> None:
 
 def load_stage_inputs(recipe, traces_dir, world: int):
     """What a scorer-training stage starts from: the device, the frozen LLM, the traces and their train/validation
-    split (the last 2 traces validate); clear errors for an indivisible batch or an empty dataset."""
+    split (the last ``sft.val_traces`` traces validate); clear errors for an indivisible batch or an empty dataset."""
     cfg = recipe.sft
     if cfg.batch_traces % world:
         raise ValueError(f"sft.batch_traces={cfg.batch_traces} must be divisible by the number of processes ({world})")
@@ -70,7 +70,7 @@ def load_stage_inputs(recipe, traces_dir, world: int):
     model, _ = load_model(recipe.model, device=str(device))
     ds = load_traces(traces_dir)
     check_traces_model(ds, traces_dir, recipe, model)
-    train_idx, val_idx = split_traces(len(ds), 2)
+    train_idx, val_idx = split_traces(len(ds), cfg.val_traces)
     if not train_idx:
         raise ValueError(f"no training traces in {traces_dir}")
     return device, model, ds, train_idx, val_idx

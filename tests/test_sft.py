@@ -41,12 +41,32 @@ def test_pairwise_hinge_all_and_sampled_agree_on_a_crafted_row():
     assert recall_at_l(phi, fut, cand, 2).item() == 1.0 and recall_at_l(bad, fut, cand, 2).item() == 0.0
 
 
+def test_boundary_pairs_count_only_the_golden_set_against_the_rest():
+    """sft.pairs=boundary: a scorer that puts golden's k evictions above every kept candidate has zero loss whatever
+    its order inside either set (the all-pairs loss does not); one that swaps a member across the boundary does not."""
+    fut = torch.tensor([[0.1, 0.2, 0.3, 0.4, 0.5, 9.0]])
+    cand = torch.tensor([[True, True, True, True, True, False]])  # the last slot is protected: never in a pair
+    gen = torch.Generator().manual_seed(0)
+    set_right = torch.tensor([[1.0, 2.0, 0.0, -1.0, -2.0, 5.0]])  # golden's 2 on top, reversed inside each set
+    loss, rows = pairwise_hinge(set_right, fut, cand, 0.01, "boundary", 256, generator=gen, k=2)
+    assert rows == 1 and loss.item() == 0.0
+    assert pairwise_hinge(set_right, fut, cand, 0.01)[0].item() > 0  # all pairs: the inner order counts
+    swapped = torch.tensor([[1.0, -1.5, 0.0, -1.0, -2.0, 5.0]])  # slot 1 (golden evicts it) below slot 2 (kept)
+    loss, _ = pairwise_hinge(swapped, fut, cand, 0.01, "boundary", 4096, generator=gen, k=2)
+    # 1/6 of the pairs are (slot 1, slot 2) with hinge 0.01 + 1.5, and (slot 1, slot 3) 0.01 + 0.5: mean ≈ 1/6 * 2.02
+    assert abs(loss.item() - 2.02 / 6) < 0.03
+    with pytest.raises(ValueError, match="boundary"):
+        pairwise_hinge(swapped, fut, cand, 0.01, "boundary", 16, generator=gen, k=0)
+
+
 def test_sft_leaves_kvpop_to_its_own_stage_and_refuses_unknown_objectives(tmp_path):
     r = load_recipe("recipes/tiny-qwen3.yaml", ["sft.objective=kvpop"])
     with pytest.raises(ValueError, match="trained by foresight.kvpop.train.train_kvpop"):
         train_sft(r, tmp_path / "traces", tmp_path / "out", progress=False, log=lambda *_: None)
     with pytest.raises(ValueError, match="sft.objective='ranknet': must be one of foresight, kvpop"):
         load_recipe("recipes/tiny-qwen3.yaml", ["sft.objective=ranknet"])
+    with pytest.raises(ValueError, match="sft.val_traces"):
+        load_recipe("recipes/tiny-qwen3.yaml", ["sft.val_traces=-1"])
     assert not (tmp_path / "out").exists()
 
 
@@ -54,6 +74,7 @@ def test_sft_trains_saves_and_resumes_exactly(sft_setup, tmp_path):
     r, tdir = sft_setup
     out = tmp_path / "sft"
     bank, metrics = train_sft(r, tdir, out, progress=False, log=lambda *_: None)
+    assert metrics["val_traces"] == 1 and 0 <= metrics["val_recall_at_L"] <= 1  # sft.val_traces=2, at most 6 // 4
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["stage"] == "sft" and cfg["budget"] == 12 and cfg["llm"]["num_layers"] == 2
     assert (out / "model.safetensors").exists() and (out / "README.md").exists()
