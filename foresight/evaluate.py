@@ -9,6 +9,8 @@ For each (method, budget B:L) it reports, on ``eval.num_problems`` held-out prob
 * ``accuracy`` — task accuracy of generation under eviction, pass@1 averaged over ``eval.n_samples`` seeded
   samples (avg@n; one greedy sample when ``eval.do_sample`` is false), by the task's checker;
 * ``recall_at_L`` — overlap of the method's L evictions with Golden Eviction's along the golden trajectory;
+* ``keep_recall`` — at the same steps, the share of the candidates golden keeps that the method keeps too (KVpop's
+  "top-k retention recall"; with B - L of ~B candidates kept, it is far higher than recall@L: 1 - L(1 - recall@L)/kept);
 * ``mean_cache`` — mean pairs held per (sequence, layer, KV head) over the teacher-forced traces.
 
 Methods: ``full``, ``golden`` (teacher-forced only: it needs the future), ``kvpop-oracle`` (KVpop's teacher: the
@@ -66,7 +68,7 @@ def teacher_forced(method: Method, model, batch: dict, settings: EvictionSetting
 @dataclasses.dataclass
 class GoldenPass:
     """One rollout along the golden trajectory: golden's own per-token losses [b, S] and pairs held [b], and every
-    scored method's recalls: (row of the batch, recall) at each golden step of each row."""
+    scored method's recalls: (row of the batch, recall@L, keep recall) at each golden step of each row."""
 
     loss: torch.Tensor
     held: torch.Tensor
@@ -89,9 +91,12 @@ def golden_pass(methods: list[Method], model, batch: dict, settings: EvictionSet
         for name, pol, gen in scorers:
             v.generator = gen
             s = pol.score(v).float().masked_fill(~st["evictable"], float("-inf"))
-            mine = top_indices(s, st["chosen"].shape[-1])
-            per_row = topk_overlap(mine, st["chosen"]).mean((0, 2)).tolist()  # [b]
-            hits[name].extend((r, per_row[r]) for r in live)
+            k = st["chosen"].shape[-1]
+            overlap = topk_overlap(top_indices(s, k), st["chosen"])  # [nl, b, h]
+            kept = st["evictable"].sum(-1).float() - k  # candidates golden keeps
+            keep = 1 - k * (1 - overlap) / kept.clamp(min=1)  # share of golden's kept candidates the method keeps too
+            per_row, keep_row = overlap.mean((0, 2)).tolist(), keep.mean((0, 2)).tolist()  # [b]
+            hits[name].extend((r, per_row[r], keep_row[r]) for r in live)
 
     res = rollout(model, batch["ids"], GoldenPolicy(future), settings, prompt_len=batch["prompt_lens"][0],
                   attention_mask=batch["mask"], recorder=rec if scorers else None,
@@ -135,12 +140,14 @@ class TraceMetrics:
     def __init__(self):
         self.evicted, self.full, self.held = [], [], []
         self.low, self.high = [], []  # per trace: (sum of increases, tokens)
-        self.recalls: dict[int, list[float]] = {}  # per trace: its recall at each golden step
+        self.recalls: dict[int, list[float]] = {}  # per trace: its recall@L at each golden step
+        self.keep: dict[int, list[float]] = {}  # per trace: its keep recall at each golden step
 
-    def add_recalls(self, batch: dict, hits: list[tuple[int, float]]) -> None:
-        """A golden pass's (row of ``batch``, recall) pairs, filed under each row's trace."""
-        for r, v in hits:
+    def add_recalls(self, batch: dict, hits: list[tuple[int, float, float]]) -> None:
+        """A golden pass's (row of ``batch``, recall@L, keep recall), filed under each row's trace."""
+        for r, v, kv in hits:
             self.recalls.setdefault(batch["members"][r], []).append(v)
+            self.keep.setdefault(batch["members"][r], []).append(kv)
 
     def add(self, loss, held, batch: dict, protected: bool, settings: EvictionSettings) -> None:
         for r, (S, p) in enumerate(zip(batch["lengths"], batch["prompt_lens"])):
@@ -158,6 +165,7 @@ class TraceMetrics:
             return round(sum(v for v, _ in pairs) / n, 5) if n else 0.0
 
         recalls = [(sum(v), len(v)) for v in self.recalls.values()]  # per trace: (sum over its steps, steps)
+        keep = [(sum(v), len(v)) for v in self.keep.values()]
 
         def ci(pairs):
             kept = [(v, c) for v, c in pairs if c]
@@ -168,6 +176,7 @@ class TraceMetrics:
                 "low_entropy_loss_increase": mean_of(self.low), "low_entropy_loss_increase_ci": ci(self.low),
                 "high_entropy_loss_increase": mean_of(self.high), "high_entropy_loss_increase_ci": ci(self.high),
                 "recall_at_L": mean_of(recalls) if recalls else None, "recall_at_L_ci": ci(recalls) if recalls else None,
+                "keep_recall": mean_of(keep) if keep else None, "keep_recall_ci": ci(keep) if keep else None,
                 "mean_cache": round(sum(self.held) / len(self.held), 1),
                 "per_trace": {"evicted_loss": [round(x, 5) for x in self.evicted],
                               "full_loss": [round(x, 5) for x in self.full]}}

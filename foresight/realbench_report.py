@@ -66,7 +66,8 @@ def goal_checks(rows: list[dict]) -> list[dict]:
                     "best_heuristic_at_2B": best_2b and best_2b["method"],
                     "at_or_below_best_heuristic_at_2B": None if best_2b is None else
                     best["loss_ratio"] <= best_2b["loss_ratio"],
-                    "recall_at_L": best.get("recall_at_L"), "recall_at_L_ci": best.get("recall_at_L_ci")})
+                    "recall_at_L": best.get("recall_at_L"), "recall_at_L_ci": best.get("recall_at_L_ci"),
+                    "keep_recall": best.get("keep_recall"), "keep_recall_ci": best.get("keep_recall_ci")})
     return out
 
 
@@ -215,21 +216,23 @@ def write_report(out: Path, report: Path, sft_ablations, samplers, command: str,
           f"{meta['mean_prompt_length']:.0f}), sampled with the recipe's settings and a fixed seed.",
           "- **Metrics:** loss ratio = Σ evicted loss / Σ full-cache loss over generated tokens; Δloss = mean loss "
           "increase per token after the first eviction, on the 80% lowest-entropy tokens (low-H) and the rest "
-          "(high-H); recall@L = overlap of a method's L choices with golden's along golden's trajectory. All "
-          "intervals: 95% bootstrap over held-out traces.\n",
+          "(high-H); recall@L = overlap of a method's L choices with golden's along golden's trajectory; keep recall "
+          "= at the same steps, the share of the candidates golden keeps that the method keeps too (KVpop's top-k "
+          "retention recall). All intervals: 95% bootstrap over held-out traces.\n",
           "## All methods\n", results_table(rows, meta),
           "\n## Goal checks\n",
           "| B:L | best learned | loss ratio | best heuristic | its loss ratio | below every heuristic | intervals "
           "separated from every heuristic | not separated from | separated from every heuristic holding no more memory "
-          "(holding more) | ≤ best heuristic at 2B | recall@L [95% CI] |",
-          "|---|---|---|---|---|---|---|---|---|---|---|"]
+          "(holding more) | ≤ best heuristic at 2B | recall@L [95% CI] | keep recall [95% CI] |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in checks:
         md.append(f"| {c['budget']}:{c['interval']} | {c['best_learned']} | {c['loss_ratio']:.4f} | {c['best_heuristic']} | "
                   f"{c['best_heuristic_loss_ratio']:.4f} | {_yes(c['below_every_heuristic'])} | "
                   f"{_yes(c['separated_from_every_heuristic'])} | {', '.join(c['heuristics_not_separated']) or '—'} | "
                   f"{_yes(c['separated_at_equal_memory'])} ({', '.join(c['heuristics_holding_more']) or '—'}) | "
                   f"{_yes(c['at_or_below_best_heuristic_at_2B'])} ({c['best_heuristic_at_2B'] or '—'}) | "
-                  f"{with_ci(c['recall_at_L'], c['recall_at_L_ci'], 3)} |")
+                  f"{with_ci(c['recall_at_L'], c['recall_at_L_ci'], 3)} | "
+                  f"{with_ci(c.get('keep_recall'), c.get('keep_recall_ci'), 3)} |")
     md += ["\n**GRPO against SFT** (Δloss on low-entropy tokens):\n", "| B | SFT [95% CI] | GRPO [95% CI] | GRPO below, "
            "intervals separated |", "|---|---|---|---|"]
     md += [f"| {g['budget']} | {with_ci(g['sft'], g['sft_ci'], 4)} | {with_ci(g['grpo'], g['grpo_ci'], 4)} | "

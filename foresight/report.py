@@ -46,14 +46,14 @@ def with_ci(v, ci, nd) -> str:
 
 def results_table(rows, meta) -> str:
     head = ("| method | prompt kept | B:L | loss ratio [95% CI] | Δloss low-H | Δloss high-H | accuracy | n | recall@L | "
-            "mean cache |\n|---|---|---|---|---|---|---|---|---|---|\n")
+            "keep recall | mean cache |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
     body = "".join(
         f"| {r['method']} | {_prot(r['protect_prompt'])} | {r['budget']}:{r['interval']} | "
         f"{with_ci(r['loss_ratio'], r.get('loss_ratio_ci'), 4)} | "
         f"{with_ci(r['low_entropy_loss_increase'], r.get('low_entropy_loss_increase_ci'), 3)} | "
         f"{with_ci(r['high_entropy_loss_increase'], r.get('high_entropy_loss_increase_ci'), 3)} | "
         f"{fmt(r['accuracy'])} | {r['n_samples']} | {with_ci(r['recall_at_L'], r.get('recall_at_L_ci'), 3)} | "
-        f"{fmt(r['mean_cache'], 1)} |\n"
+        f"{with_ci(r.get('keep_recall'), r.get('keep_recall_ci'), 3)} | {fmt(r['mean_cache'], 1)} |\n"
         for r in rows)
     info = (f"\n{meta['num_problems']} held-out problems, mean trace {meta['mean_trace_length']:.0f} tokens "
             f"(prompt {meta['mean_prompt_length']:.0f}); full-cache accuracy of the reference traces: "

@@ -130,9 +130,10 @@ def test_batched_unequal_traces_equal_one_by_one(qwen3):
                 assert abs(float(held[i]) - float(h1[0])) < 1e-4, (m.name, i)
             assert (loss[i, S:] == 0).all()
             alone = golden_pass([m], qwen3, one, settings, fut[i][None], 0).recalls[m.name]
-            assert {row for row, _ in alone} <= {0}
+            assert {row for row, *_ in alone} <= {0}
             if m.name != "random-keep-prompt":  # each trace's recalls, batched or alone
-                assert [round(v, 5) for row, v in recall if row == i] == [round(v, 5) for _, v in alone], (m.name, i)
+                assert [(round(v, 5), round(kv, 5)) for row, v, kv in recall if row == i] == \
+                    [(round(v, 5), round(kv, 5)) for _, v, kv in alone], (m.name, i)
 
 
 def test_one_golden_rollout_scores_every_method_as_its_own_would(qwen3):
@@ -158,6 +159,8 @@ def test_one_golden_rollout_scores_every_method_as_its_own_would(qwen3):
         own = golden_pass([m], qwen3, batch, settings, F, 5).recalls[m.name]
         assert own and shared[m.name] == own, m.name
     assert shared["h2o"] != shared["random"]
+    for m in meths[1:]:  # keep recall: golden's kept candidates kept too; 1 exactly when the L evictions agree
+        assert all(0 <= kv <= 1 and (kv == 1) == (v == 1) and kv >= v for _, v, kv in shared[m.name]), m.name
 
 
 def test_references_are_seeded_per_prompt_batched_and_cached(tiny_model_dir, monkeypatch):
