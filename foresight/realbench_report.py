@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from foresight import atomic
-from foresight.report import fmt, with_ci, results_table
+from foresight.report import fmt, paired_ratio_diff_ci, results_table, with_ci
 from foresight.styles import method_group
 
 FIGURES = ("overview.png", "loss_ratio.png", "loss_increase.png", "eviction_map.png")
@@ -33,6 +33,12 @@ def _below(a: dict, b: dict, key: str) -> bool:
     """a's 95% interval of ``key`` lies entirely below b's."""
     ca, cb = a.get(f"{key}_ci"), b.get(f"{key}_ci")
     return bool(ca and cb and ca[1] < cb[0])
+
+
+def _paired_below(a: dict, b: dict) -> bool:
+    """a's loss ratio is below b's on the same traces: the paired 95% interval of the difference lies below 0."""
+    ci = paired_ratio_diff_ci(a["per_trace"], b["per_trace"]) if a.get("per_trace") and b.get("per_trace") else None
+    return bool(ci and ci[1] < 0)
 
 
 def _holds_more(a: dict, b: dict) -> bool:
@@ -63,6 +69,8 @@ def goal_checks(rows: list[dict]) -> list[dict]:
                     # e.g. random-keep-prompt keeps the whole prompt on top of B: more memory than the learned scorer
                     "heuristics_holding_more": [h["method"] for h in heur if _holds_more(h, best)],
                     "separated_at_equal_memory": all(_below(best, h, "loss_ratio") for h in heur if not _holds_more(h, best)),
+                    # the same comparison on the same traces (paired bootstrap of the difference)
+                    "heuristics_not_below_paired": [h["method"] for h in heur if not _paired_below(best, h)],
                     "best_heuristic_at_2B": best_2b and best_2b["method"],
                     "at_or_below_best_heuristic_at_2B": None if best_2b is None else
                     best["loss_ratio"] <= best_2b["loss_ratio"],
@@ -223,13 +231,15 @@ def write_report(out: Path, report: Path, sft_ablations, samplers, command: str,
           "\n## Goal checks\n",
           "| B:L | best learned | loss ratio | best heuristic | its loss ratio | below every heuristic | intervals "
           "separated from every heuristic | not separated from | separated from every heuristic holding no more memory "
-          "(holding more) | ≤ best heuristic at 2B | recall@L [95% CI] | keep recall [95% CI] |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+          "(holding more) | paired: not below (95% CI of the difference on the same traces) | ≤ best heuristic at 2B | "
+          "recall@L [95% CI] | keep recall [95% CI] |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in checks:
         md.append(f"| {c['budget']}:{c['interval']} | {c['best_learned']} | {c['loss_ratio']:.4f} | {c['best_heuristic']} | "
                   f"{c['best_heuristic_loss_ratio']:.4f} | {_yes(c['below_every_heuristic'])} | "
                   f"{_yes(c['separated_from_every_heuristic'])} | {', '.join(c['heuristics_not_separated']) or '—'} | "
                   f"{_yes(c['separated_at_equal_memory'])} ({', '.join(c['heuristics_holding_more']) or '—'}) | "
+                  f"{', '.join(c.get('heuristics_not_below_paired', [])) or 'none'} | "
                   f"{_yes(c['at_or_below_best_heuristic_at_2B'])} ({c['best_heuristic_at_2B'] or '—'}) | "
                   f"{with_ci(c['recall_at_L'], c['recall_at_L_ci'], 3)} | "
                   f"{with_ci(c.get('keep_recall'), c.get('keep_recall_ci'), 3)} |")

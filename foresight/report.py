@@ -26,6 +26,26 @@ def bootstrap_ci(num: list[float], den: list[float] | None = None, seed: int = 0
     return [round(float(lo), 5), round(float(hi), 5)]
 
 
+def paired_ratio_diff_ci(a: dict, b: dict, seed: int = 0) -> list[float] | None:
+    """95% interval of loss ratio(a) − loss ratio(b) resampling the *same* held-out traces for both (a paired
+    bootstrap: the spread of trace difficulty, which widens each method's own interval, cancels). ``a``, ``b``: the
+    ``per_trace`` dicts of two rows (``evicted_loss``, ``full_loss``); traces are matched by their full-cache loss
+    (batching may order them differently); None when the two rows do not hold the same traces."""
+    def by_trace(pt):
+        return {round(f, 4): e for e, f in zip(pt["evicted_loss"], pt["full_loss"])}
+
+    ta, tb = by_trace(a), by_trace(b)
+    if not ta or set(ta) != set(tb) or len(ta) != len(a["full_loss"]):
+        return None
+    keys = sorted(ta)
+    full = np.asarray(keys, dtype=np.float64)
+    ea, eb = (np.asarray([t[k] for k in keys], dtype=np.float64) for t in (ta, tb))
+    idx = np.random.default_rng(seed).integers(0, len(keys), size=(BOOTSTRAP, len(keys)))
+    d = (ea[idx].sum(1) - eb[idx].sum(1)) / np.maximum(full[idx].sum(1), 1e-12)
+    lo, hi = np.percentile(d, [2.5, 97.5])
+    return [round(float(lo), 5), round(float(hi), 5)]
+
+
 def _prot(v) -> str:
     return "fallback (prompt > B)" if v == "fallback" else ("yes" if v else "no")
 

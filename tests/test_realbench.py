@@ -4,6 +4,7 @@ the split guard, the goal checks, and the whole pipeline end to end on a tiny mo
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from data_prep import realbench as rb_prompts
@@ -73,6 +74,32 @@ def test_goal_checks_compare_intervals_and_twice_the_budget():
     assert c128["separated_at_equal_memory"] and not c128["separated_from_every_heuristic"]
     (g,) = grpo_vs_sft(rows)
     assert g["budget"] == 128 and g["grpo_below_with_separated_intervals"]
+
+
+def test_paired_difference_separates_what_trace_difficulty_hides():
+    """Two methods on the same 40 traces of very different difficulty: each one's own interval is wide and they
+    overlap, but the learned one is lower on every trace, which the paired interval of the difference shows; the
+    traces are matched by their full-cache loss whatever order the rows list them in."""
+    from foresight.realbench_report import goal_checks
+    from foresight.report import bootstrap_ci, paired_ratio_diff_ci
+
+    rng = np.random.default_rng(0)
+    full = rng.uniform(50, 500, 40).round(3)
+    hard = rng.uniform(1.0, 2.0, 40)
+    heur = {"evicted_loss": (full * hard * 1.05).tolist(), "full_loss": full.tolist()}
+    mine = {"evicted_loss": (full * hard)[::-1].tolist(), "full_loss": full[::-1].tolist()}  # another order
+    ci_mine = bootstrap_ci(mine["evicted_loss"], mine["full_loss"])
+    ci_heur = bootstrap_ci(heur["evicted_loss"], heur["full_loss"])
+    assert ci_mine[1] > ci_heur[0]  # the marginal intervals overlap
+    lo, hi = paired_ratio_diff_ci(mine, heur)
+    assert lo < hi < 0
+    assert paired_ratio_diff_ci(heur, heur) == [0.0, 0.0]
+    assert paired_ratio_diff_ci(mine, {"evicted_loss": [1.0], "full_loss": [2.0]}) is None  # not the same traces
+    ratio = lambda pt: sum(pt["evicted_loss"]) / sum(pt["full_loss"])  # noqa: E731
+    rows = [_row("foresight-sft", 128, ratio(mine), ci_mine) | {"per_trace": mine},
+            _row("scissorhands", 128, ratio(heur), ci_heur) | {"per_trace": heur}]
+    (c,) = goal_checks(rows)
+    assert not c["separated_from_every_heuristic"] and c["heuristics_not_below_paired"] == []
 
 
 def test_realbench_runs_end_to_end_and_resumes(tiny_model_dir, tmp_path, monkeypatch):
