@@ -67,7 +67,12 @@ def pairwise_hinge(phi, fut, cand, margin: float = 0.01, mode: str = "all", samp
         h = torch.relu(margin - d) * ok
         sums = torch.stack([h.sum(1), ok.sum(1).float()], -1)
     else:
-        raise ValueError(f"sft.pairs must be 'all' or 'sampled', got {mode!r}")
+        raise ValueError(f"sft.pairs must be 'all', 'sampled' or 'boundary', got {mode!r}")
+    return mean_over_rows(phi, sums)
+
+
+def mean_over_rows(phi, sums):
+    """(mean over the rows that have pairs of their mean hinge, how many rows): ``sums`` [R, 2] = (Σ hinge, pairs)."""
     has = sums[:, 1] > 0
     if not has.any():
         return phi.sum() * 0.0, 0
@@ -94,11 +99,7 @@ def boundary_hinge(phi, fut, cand, margin: float, sampled: int, k: int, generato
     j = torch.multinomial(wj, sampled, replacement=True, generator=generator).to(phi.device)
     ok = valid[:, None] & (fut.gather(1, i) < fut.gather(1, j))  # an exact tie at the boundary orders nothing
     h = torch.relu(margin - (phi.gather(1, i) - phi.gather(1, j))) * ok
-    sums = torch.stack([h.sum(1), ok.sum(1).float()], -1)
-    has = sums[:, 1] > 0
-    if not has.any():
-        return phi.sum() * 0.0, 0
-    return (sums[has, 0] / sums[has, 1]).mean(), int(has.sum())
+    return mean_over_rows(phi, torch.stack([h.sum(1), ok.sum(1).float()], -1))
 
 
 def recall_at_l(phi, fut, cand, k: int) -> torch.Tensor:
