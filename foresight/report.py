@@ -35,7 +35,7 @@ def paired_ratio_diff_ci(a: dict, b: dict, seed: int = 0) -> list[float] | None:
         return {round(f, 4): e for e, f in zip(pt["evicted_loss"], pt["full_loss"])}
 
     ta, tb = by_trace(a), by_trace(b)
-    if not ta or set(ta) != set(tb) or len(ta) != len(a["full_loss"]):
+    if not ta or set(ta) != set(tb) or len(ta) != len(a["full_loss"]) or len(tb) != len(b["full_loss"]):
         return None
     keys = sorted(ta)
     full = np.asarray(keys, dtype=np.float64)

@@ -17,7 +17,8 @@ import math
 import torch
 from torch import nn
 
-from foresight.features import ALL_LAYERS_MAX_VALUES, STAT_NAMES, feature_dim, stat_vector
+from foresight import features
+from foresight.features import STAT_NAMES, feature_dim, stat_vector
 from foresight.models import describe
 from foresight.policies.base import Policy
 
@@ -107,12 +108,12 @@ class LearnedPolicy(Policy):
     @torch.no_grad()
     def score(self, view):
         """Scores [nl, b, h, n], a slice of layers at a time when all layers' inputs would exceed
-        ``ALL_LAYERS_MAX_VALUES`` (one call for a small model; one layer at a time for Qwen3-4B, whose 36 layers'
+        ``features.ALL_LAYERS_MAX_VALUES`` (one call for a small model; one layer at a time for Qwen3-4B, whose 36 layers'
         inputs at B=2048 are ~180 M values per sequence), so the working memory does not grow with depth."""
         p = next(self.bank.parameters())
         nl, b, h, n = view.keys.shape[:4]
         per_layer = b * h * n * self.bank.d_in
-        step = max(1, ALL_LAYERS_MAX_VALUES // max(per_layer, 1))
+        step = max(1, features.ALL_LAYERS_MAX_VALUES // max(per_layer, 1))
         if step >= nl:
             return self.bank(self.bank.inputs(view).to(p.device)).to(view.keys.device)
         attn = "attn" in self.bank.features

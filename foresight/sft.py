@@ -79,10 +79,14 @@ def mean_over_rows(phi, sums):
     return (sums[has, 0] / sums[has, 1]).mean(), int(has.sum())
 
 
+def golden_top(fut, cand, k: int) -> torch.Tensor:
+    """[R, k] golden's k evictions among each row's candidates: lowest future first, then the oldest."""
+    return top_indices((-fut).masked_fill(~cand, torch.finfo(fut.dtype).min), k)
+
+
 def golden_set(fut, cand, k: int) -> torch.Tensor:
-    """[R, n] mask of golden's k evictions among each row's candidates (lowest future first, then the oldest)."""
-    gold = top_indices((-fut).masked_fill(~cand, torch.finfo(fut.dtype).min), k)
-    return torch.zeros_like(cand).scatter_(1, gold, True) & cand
+    """[R, n] mask of :func:`golden_top`'s slots (candidates only)."""
+    return torch.zeros_like(cand).scatter_(1, golden_top(fut, cand, k), True) & cand
 
 
 def boundary_hinge(phi, fut, cand, margin: float, sampled: int, k: int, generator=None):
@@ -104,10 +108,8 @@ def boundary_hinge(phi, fut, cand, margin: float, sampled: int, k: int, generato
 
 def recall_at_l(phi, fut, cand, k: int) -> torch.Tensor:
     """[R] |scorer's top-k eviction set ∩ golden set| / k within each row's candidates."""
-    neg = torch.finfo(phi.dtype).min
-    mine = top_indices(phi.masked_fill(~cand, neg), k)
-    gold = top_indices((-fut).masked_fill(~cand, neg), k)  # golden's order: lowest future first, then the oldest
-    return topk_overlap(mine, gold)
+    mine = top_indices(phi.masked_fill(~cand, torch.finfo(phi.dtype).min), k)
+    return topk_overlap(mine, golden_top(fut, cand, k))
 
 
 def example_loss(bank, examples, cfg, interval, generator=None):
