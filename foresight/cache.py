@@ -27,7 +27,7 @@ from foresight.config import EvictionSettings
 from foresight.layer_handle import LayerHandle
 from foresight.selection import choose, kept_slots
 from foresight.shapes import AttentionShape, text_config
-from foresight.slot_attention import FusedMasks, probabilities
+from foresight.slot_attention import FusedMasks, grouped_matmul, probabilities
 from foresight.slots import SlotStore
 from foresight.statistics import ALL_ACCUMULATIONS, PROB_ACCUMULATIONS, SlotStatistics, accumulations
 from foresight.view import EvictionView, candidates
@@ -69,15 +69,18 @@ class BoundedCache(Cache):
         self.padded = False  # some fed token was padding (then attention masks are built in full)
         self._pending_valid = None
         self._fused_masks = FusedMasks()
-        self._chunk = None  # (n_old, q, valid[b, q]) of the forward in progress
+        self._real_masks: dict = {}  # all-True validity masks per (batch, chunk) shape
+        self._placeholders: dict = {}  # feed()'s empty attention masks per shape
+        self._chunk = None  # (n_old, q, valid[b, q], token indices [q]) of the forward in progress
         self._layer_kv = None  # (layer, keys, values) of the layer whose update ran last
         self.peak_slots = 0
         self.scaling = self.head_dim ** -0.5  # the attention's softmax scale (the model's, once attend has run)
         self.policy_state: dict = {}  # anything else a stateful policy carries (e.g. a recurrent memory)
 
     # ----------------------------------------------------------------------------------------------- set-up
-    def feed(self, valid: torch.Tensor) -> dict:
-        """Tell the cache which of the next forward's tokens are real (``[b, q]`` bool; False = padding). Returns that
+    def feed(self, valid: torch.Tensor, all_real: bool = False) -> dict:
+        """Tell the cache which of the next forward's tokens are real (``[b, q]`` bool; False = padding; ``all_real``:
+        the caller knows none is padding, which spares a check per chunk). Returns that
         forward's keyword arguments: an empty 4-D placeholder ``attention_mask`` ``[b, 1, q, 0]``, which transformers
         passes through instead of building a causal mask (~3% of a rollout); the cache builds its own from token
         indices, and another attention function would fail on the shape rather than attend without a mask."""
@@ -85,9 +88,12 @@ class BoundedCache(Cache):
         if impl is not None and impl != "foresight":
             raise ValueError(f"BoundedCache: the model's attention implementation is {impl!r}, not 'foresight': load "
                              "it with foresight.models.load_model or call foresight.attention.use_foresight_attention")
-        self._pending_valid = valid
+        self._pending_valid = None if all_real else valid
         b, q = valid.shape
-        return {"attention_mask": torch.empty(b, 1, q, 0, dtype=torch.bool, device=valid.device)}
+        mask = self._placeholders.get((b, q, valid.device))
+        if mask is None:
+            mask = self._placeholders[(b, q, valid.device)] = torch.empty(b, 1, q, 0, dtype=torch.bool, device=valid.device)
+        return {"attention_mask": mask}
 
     @property
     def needs(self) -> frozenset:
@@ -206,26 +212,38 @@ class BoundedCache(Cache):
         b, dev = key_states.shape[0], key_states.device
         valid = self._pending_valid
         self._pending_valid = None
-        if valid is None:
-            valid = torch.ones(b, q, dtype=torch.bool, device=dev)
-        else:
+        if valid is not None:
             valid = valid.to(dev)
             if not self.padded and not bool(valid.all()):
                 self.padded = True
-        self._chunk = (self.n, q, valid)
         if first_block:
-            self.stats.reset_block(slice(0, self.n))  # the block before the first eviction starts here
+            self.stats.reset_block(self.n)  # the block before the first eviction starts here
         tok = torch.arange(self.seen, self.seen + q, device=dev)
-        if not self._all_started:  # the first real token of each row (sinks are counted from it)
-            new_first = (self.first_real < 0) & valid.any(1)
-            self.first_real = torch.where(new_first, self.seen + valid.long().argmax(1), self.first_real)
-            self._all_started = bool((self.first_real >= 0).all())
-        tok_b = torch.where(valid, tok.unsqueeze(0), torch.full_like(tok.unsqueeze(0), -1))
-        self.token[:, :, :, self.n:self.n + q] = tok_b[None, :, None, :]
+        if valid is None:  # every token is real (fed with all_real, or not fed: transformers' own generate)
+            valid = self._all_real(b, q, dev)
+            if not self._all_started:
+                self.first_real.masked_fill_(self.first_real < 0, self.seen)
+                self._all_started = True
+            self.token.narrow(3, self.n, q).copy_(tok)
+        else:
+            if not self._all_started:  # the first real token of each row (sinks are counted from it)
+                new_first = (self.first_real < 0) & valid.any(1)
+                self.first_real = torch.where(new_first, self.seen + valid.long().argmax(1), self.first_real)
+                self._all_started = bool((self.first_real >= 0).all())
+            tok_b = torch.where(valid, tok.unsqueeze(0), torch.full_like(tok.unsqueeze(0), -1))
+            self.token[:, :, :, self.n:self.n + q] = tok_b[None, :, None, :]
+        self._chunk = (self.n, q, valid, tok)
         # slots >= n always hold clean statistics (allocation, growth and gathering keep them so)
 
+    def _all_real(self, b: int, q: int, device) -> torch.Tensor:
+        """A [b, q] all-True validity mask, made once per shape (read-only)."""
+        m = self._real_masks.get((b, q))
+        if m is None:
+            m = self._real_masks[(b, q)] = torch.ones(b, q, dtype=torch.bool, device=device)
+        return m
+
     def _finish_chunk(self):
-        n_old, q, _ = self._chunk
+        n_old, q = self._chunk[:2]
         self.n = n_old + q
         self.seen += q
         self.peak_slots = max(self.peak_slots, self.n)
@@ -239,13 +257,14 @@ class BoundedCache(Cache):
         A chunk (q > 1) computes the probabilities explicitly when a statistic needs them (fused SDPA otherwise).
         A decoding step (q = 1) runs fused SDPA and defers its query; the deferred queries are replayed in one
         batched pass when the statistics are next needed (before an eviction, a chunk or a block reset)."""
-        n_old, q, valid = self._chunk
+        n_old, q, valid, qtok = self._chunk
         n = n_old + q
         self.scaling = scaling
         at, K, V = self._layer_kv
         if at != layer_idx:
             raise RuntimeError(f"BoundedCache: attention of layer {layer_idx} without its update")
-        ktok = self.slots.layer_token[layer_idx].narrow(2, 0, n)  # [b, h, n]
+        # token indices of the slots: masks are built from them only once padding was fed
+        ktok = self.slots.layer_token[layer_idx].narrow(2, 0, n) if (self.padded or q == 1) else None  # [b, h, n]
         last = layer_idx == self.num_layers - 1
         if q == 1 and not self.full:
             out = torch.nn.functional.scaled_dot_product_attention(
@@ -256,15 +275,14 @@ class BoundedCache(Cache):
                 if full:
                     self._replay()
             return out.transpose(1, 2)
-        qtok = torch.arange(self.seen, self.seen + q, device=query.device)
         if self.needs & PROB_ACCUMULATIONS:
             probs, hidden = probabilities(query, K, ktok, qtok, self.padded, True, scaling)
             # the g query heads of a KV head share its keys: one [g*q, n] x [n, d] product per KV head, no broadcast
-            b, hq, _, d = query.shape
-            out = torch.matmul(probs.to(V.dtype).view(b, self.kv_heads, -1, n), V).reshape(b, hq, q, d)
-            self.stats.accumulate(layer_idx, probs, hidden, valid)
+            out = grouped_matmul(probs.to(V.dtype), V).view(query.shape)
+            self.stats.accumulate(layer_idx, probs, hidden, valid)  # last: it may overwrite the probabilities
         else:  # no statistic needs the probabilities: fused attention
-            mask = self._fused_masks.chunk(ktok, qtok, self.padded, self.group, self.keys.dtype)
+            mask = FusedMasks.padded_chunk(ktok, qtok, self.group) if self.padded else \
+                self._fused_masks.chunk(q, n, query.device, self.keys.dtype)
             out = torch.nn.functional.scaled_dot_product_attention(query, K, V, attn_mask=mask, scale=scaling,
                                                                    enable_gqa=True)
         if "window" in self.needs:
@@ -318,9 +336,8 @@ class BoundedCache(Cache):
             self.recorder({"step": self.steps, "seen": self.seen, "token": tok.clone(), "chosen": chosen,
                            "scores": scores, "evictable": evictable, "view": view.snapshot()})
         self.slots.gather(order, n)
-        self.stats.gather(order, n)
+        self.stats.evicted(order, n)  # and a new block starts
         self.n = n - n_evict
-        self.stats.reset_block(slice(0, self.n))
         self.steps += 1
 
     # ----------------------------------------------------------------------------------- transformers API

@@ -117,6 +117,7 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
     done = torch.zeros(b, dtype=torch.bool, device=dev)
     new, lps = [], []
     full_mask = mask.long()
+    real = torch.ones(b, 1, dtype=torch.bool, device=dev)  # each decoding step's token is real (done rows' too)
     for _ in range(max_new_tokens):
         lp_all = torch.log_softmax(logits.float(), dim=-1)
         if len(new) < decoding.min_tokens and decoding.eos_token_id is not None:
@@ -134,7 +135,7 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
         if bool(done.all()) or len(new) == max_new_tokens:
             break
         if policy is not None:
-            kw = cache.feed(torch.ones(b, 1, dtype=torch.bool, device=dev))
+            kw = cache.feed(real, all_real=True)
         else:
             full_mask = torch.cat([full_mask, torch.ones(b, 1, dtype=full_mask.dtype, device=dev)], 1)
             kw = {"attention_mask": full_mask}

@@ -63,10 +63,11 @@ def forward_chunks(model, cache, input_ids: torch.Tensor, mask: torch.Tensor, ch
     S = input_ids.shape[1]
     positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
     bounded = isinstance(cache, BoundedCache)
+    all_real = bounded and bool(mask.all())  # checked once here, not by the cache on every chunk
     s = 0
     while s < S:
         q = cache.next_chunk(S - s) if bounded else min(chunk, S - s)
-        kw = cache.feed(mask[:, s:s + q]) if bounded else {"attention_mask": mask[:, : s + q].long()}
+        kw = cache.feed(mask[:, s:s + q], all_real) if bounded else {"attention_mask": mask[:, : s + q].long()}
         extra = {"logits_to_keep": 1} if s + q <= logits_from else {}
         out = model(input_ids=input_ids[:, s:s + q], position_ids=positions[:, s:s + q], cache=cache,
                     use_cache=True, **kw, **extra)

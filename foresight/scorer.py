@@ -74,10 +74,15 @@ class ScorerBank(nn.Module):
         return self.forward_layers(slice(None), x)
 
     def forward_layers(self, layers: slice, x: torch.Tensor) -> torch.Tensor:
-        """The MLPs of a slice of layers: x [nl', b, h, n, D_in] -> [nl', b, h, n]."""
+        """The MLPs of a slice of layers: x [nl', b, h, n, D_in] -> [nl', b, h, n]. The first product is one batched
+        product over the (layer, KV head) pairs, written out (an einsum dispatches ~13 reshapes for it; the kernel and
+        the values are the same). The second stays an einsum: it picks its operand order by layout, and the scores
+        must stay bit-identical to the trained scorers' (a different summation order would move near-ties)."""
+        nl, b, h, n, d = x.shape
         x = nn.functional.layer_norm(x.float(), (self.d_in,))
         x = x * self.ln_w[layers, None, :, None, :] + self.ln_b[layers, None, :, None, :]
-        hdn = torch.einsum("lbhnd,lhdk->lbhnk", x, self.w1[layers]) + self.b1[layers, None, :, None, :]
+        hdn = torch.bmm(x.transpose(1, 2).reshape(nl * h, b * n, d), self.w1[layers].reshape(nl * h, d, self.hidden))
+        hdn = hdn.view(nl, h, b, n, self.hidden).transpose(1, 2) + self.b1[layers, None, :, None, :]
         hdn = ACTIVATIONS[self.activation](hdn)
         return torch.einsum("lbhnk,lhk->lbhn", hdn, self.w2[layers])
 

@@ -70,9 +70,10 @@ def choose(scores: torch.Tensor, evictable: torch.Tensor, k: int, mode: str = "t
 
 
 def kept_slots(chosen: torch.Tensor, n: int) -> torch.Tensor:
-    """[..., n - k]: the slots among the first n that ``chosen`` [..., k] leaves, ascending per row."""
+    """[..., n - k]: the slots among the first n that ``chosen`` [..., k] leaves, ascending per row (a stable sort of
+    the drop mask puts the kept slots first in slot order: no host sync, unlike ``nonzero``)."""
     drop = torch.zeros(*chosen.shape[:-1], n, dtype=torch.bool, device=chosen.device).scatter_(-1, chosen, True)
-    return (~drop).nonzero()[:, -1].view(*drop.shape[:-1], n - chosen.shape[-1])
+    return torch.sort(drop, dim=-1, stable=True).indices[..., :n - chosen.shape[-1]]
 
 
 def candidate_window(scores: torch.Tensor, evictable: torch.Tensor, k: int, width: int | None = None):

@@ -36,24 +36,38 @@ def visible(ktok: torch.Tensor, qtok: torch.Tensor, own: bool) -> torch.Tensor:
     return vis
 
 
-def probabilities(query: torch.Tensor, keys: torch.Tensor, ktok: torch.Tensor, qtok: torch.Tensor, padded: bool,
-                  own: bool, scaling: float):
+def probabilities(query: torch.Tensor, keys: torch.Tensor, ktok, qtok, padded: bool, own: bool, scaling: float):
     """Post-softmax attention [b, h, g, q, n] (fp32) of ``query`` [b, Hq, q, d] (tokens ``qtok``) to the slots
-    ``keys`` [b, h, n, d] (tokens ``ktok`` [b, h, n]).
+    ``keys`` [b, h, n, d] (tokens ``ktok`` [b, h, n]; both token tensors are read only when ``padded``).
 
     Returns the probabilities and the mask of keys a query could not see: ``None`` when ``padded`` is False (then
     the hidden keys are exactly the upper triangle of the newest block, see :func:`causal_block`)."""
     b, hq, q, d = query.shape
     h, n = keys.shape[1], keys.shape[2]
     g = hq // h
-    # the scale goes on the [q, d] queries, not on the [q, n] scores: one small multiply instead of a large one
-    scores = torch.matmul((query * scaling).reshape(b, h, g * q, d), keys.transpose(-1, -2)).float().view(b, h, g, q, n)
+    scores = grouped_matmul(scaled(query, scaling), keys.transpose(-1, -2)).view(b, h, g, q, n).float()
     if not padded:
         scores[..., n - q:].sub_(causal_block(q, query.device))  # additive mask: cheaper than masked_fill
         return torch.softmax(scores, -1), None
     hidden = ~visible(ktok, qtok, own)[:, :, None]  # [b, h, 1, q, n]: the same for the group
     probs = torch.softmax(scores.masked_fill_(hidden, float("-inf")), -1)
     return probs if own else probs.nan_to_num_(0.0), hidden
+
+
+def scaled(query: torch.Tensor, scaling: float) -> torch.Tensor:
+    """``query * scaling`` written contiguous: the scale goes on the [q, d] queries, not on the [q, n] scores (one
+    small multiply instead of a large one), and the product is already laid out for :func:`grouped_matmul`."""
+    return (query * scaling).contiguous()
+
+
+def grouped_matmul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``x`` [..., Hq, m, k] (contiguous) times ``y`` [..., h, k, p] for each KV head's g = Hq / h query heads: one
+    batched product [B·h, g·m, k] x [B·h, k, p] -> [B·h, g·m, p] (B: the leading dimensions; view it as needed)
+    without the broadcast and reshapes of a many-dimensional ``matmul`` (the same kernel: the values are identical).
+    ``y`` may be a slice of the cache's slots."""
+    *lead, h, k, p = y.shape
+    rows = y.numel() // (k * p)  # B·h
+    return torch.bmm(x.view(rows, -1, k), y.reshape(rows, k, p))
 
 
 class FusedMasks:
@@ -63,17 +77,20 @@ class FusedMasks:
     def __init__(self):
         self._additive: dict[tuple, torch.Tensor] = {}
 
-    def chunk(self, ktok: torch.Tensor, qtok: torch.Tensor, padded: bool, group: int, dtype) -> torch.Tensor:
-        q, n = qtok.shape[0], ktok.shape[-1]
-        if not padded:
-            m = self._additive.get((q, n))
-            if m is None:
-                if len(self._additive) > 16:
-                    self._additive.clear()
-                m = torch.zeros(q, n, device=ktok.device, dtype=dtype)  # the query's dtype (GPU kernels)
-                m[:, n - q:] -= causal_block(q, m.device)
-                self._additive[(q, n)] = m
-            return m
+    def chunk(self, q: int, n: int, device, dtype) -> torch.Tensor:
+        """Without padding: the additive [q, n] mask (only the newest [q, q] block is causal)."""
+        m = self._additive.get((q, n))
+        if m is None:
+            if len(self._additive) > 16:
+                self._additive.clear()
+            m = torch.zeros(q, n, device=device, dtype=dtype)  # the query's dtype (GPU kernels)
+            m[:, n - q:] -= causal_block(q, m.device)
+            self._additive[(q, n)] = m
+        return m
+
+    @staticmethod
+    def padded_chunk(ktok: torch.Tensor, qtok: torch.Tensor, group: int) -> torch.Tensor:
+        """With padding: boolean [b, Hq, q, n] by token index (a padding query sees its own slot)."""
         return visible(ktok, qtok, own=True).repeat_interleave(group, dim=1)
 
     @staticmethod

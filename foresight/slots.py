@@ -63,10 +63,10 @@ class SlotStore:
         idx_kv = order[:, None, ..., None].expand(nl, 2, b, h, k, self.head_dim).unbind(0)
         for kv, idx in zip(self.layer_kv, idx_kv):  # one layer at a time: the copy is one layer's pairs, not all
             kv.narrow(3, 0, k).copy_(kv.narrow(3, 0, n).gather(3, idx))
-        self.token[..., :k] = self.token[..., :n].gather(3, order)
+        self.token.narrow(3, 0, k).copy_(self.token.narrow(3, 0, n).gather(3, order))
         for t in self.extra.values():
-            t[..., :k] = t[..., :n].gather(3, order)
-        self.token[..., k:] = -1
+            t.narrow(3, 0, k).copy_(t.narrow(3, 0, n).gather(3, order))
+        self.token.narrow(3, k, self.capacity - k).fill_(-1)
 
     def nbytes(self) -> int:
         """Bytes of the key/value storage."""

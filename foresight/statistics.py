@@ -13,10 +13,12 @@ from __future__ import annotations
 import torch
 
 from foresight import features
-from foresight.slot_attention import causal_block, probabilities
+from foresight.slot_attention import causal_block, grouped_matmul, probabilities
 from foresight.view import LazyStats
 
-STAT_ORDER = ("sum", "max", "cum", "decay", "min")  # the per-slot statistics buffer (min last: it starts at +inf)
+# the per-slot statistics buffer: the rows a block reset zeroes (max, sum) first, sum and cum adjacent (a chunk adds
+# its sums to both in one operation), min last (it starts at +inf)
+STAT_ORDER = ("max", "sum", "cum", "decay", "min")
 _ROWS_OF = {"sum": ("sum", "cum", "decay"), "max": ("max",), "min": ("min",)}  # buffer rows per accumulation
 # what is accumulated for each statistic a policy reads: block sums, maxima, minima, or the kept queries
 _ACCUMULATION = {"sum": "sum", "cum": "sum", "decay": "sum", "max": "max", "min": "min"}  # else "window"
@@ -43,18 +45,20 @@ class SlotStatistics:
     def __init__(self, needs: frozenset, num_layers: int, batch: int, kv_heads: int, q_heads: int, head_dim: int,
                  capacity: int, pending: int, device, dtype):
         nl, b, h, d = num_layers, batch, kv_heads, head_dim
-        self.needs, self.num_layers = needs, num_layers
+        self.needs, self.num_layers, self.head_dim = needs, num_layers, head_dim
+        self.kv_bytes = torch.empty((), dtype=dtype).element_size()  # of the cache's keys and values
         # only the rows of what is accumulated (none for a policy that reads no block statistic), in STAT_ORDER, so
         # that the rows a block reset zeroes (sum, max) come first and min, which starts at +inf, comes last
         self.rows = tuple(r for r in STAT_ORDER if any(r in _ROWS_OF[a] for a in needs if a in _ROWS_OF))
         self._n_reset = sum(r in ("sum", "max") for r in self.rows)
-        self._n_zero = len(self.rows) - ("min" in self.rows)
         self.buf = torch.zeros(len(self.rows), nl, b, h, q_heads // h, capacity, device=device, dtype=torch.float32)
         if "min" in self.rows:
             self.buf[-1] = float("inf")
         self._bind()
         W = features.QUERY_WINDOW
         self.recent_q = torch.zeros(nl, b, q_heads, W, d, device=device, dtype=dtype)  # the last W queries
+        self.layer_recent_q = [self.recent_q[i] for i in range(nl)]
+        self._shares: dict = {}  # Scissorhands' thresholds per slot count (_uniform_share)
         self.recent_token = torch.full((W,), -1, device=device, dtype=torch.long)
         self.recent_valid = torch.zeros(b, W, device=device, dtype=torch.bool)
         self.pending_q = torch.zeros(nl, b, q_heads, pending, d, device=device, dtype=dtype)
@@ -63,9 +67,16 @@ class SlotStatistics:
         self.n_pending = 0
 
     def _bind(self):
-        """Name the views of the shared buffer (``sum``, ``max``, ``cum``, ``decay``, ``min``; None when not kept)."""
+        """Name the views of the shared buffer (``sum``, ``max``, ``cum``, ``decay``, ``min``; None when not kept) and
+        make the per-layer views the chunk path writes (indexing a layer on every call dispatches a select and a
+        slice per dimension): ``layer_max``, ``layer_min``, ``layer_sums`` (the sum and cum rows together)."""
         for name in STAT_ORDER:
             setattr(self, name, self.buf[self.rows.index(name)] if name in self.rows else None)
+        layers = range(self.num_layers)
+        self.layer_max = [self.max[i] for i in layers] if self.max is not None else None
+        self.layer_min = [self.min[i] for i in layers] if self.min is not None else None
+        s = self.rows.index("sum") if "sum" in self.rows else None
+        self.layer_sums = [self.buf[s:s + 2, i] for i in layers] if s is not None else None  # [2, b, h, g, capacity]
 
     # ------------------------------------------------------------------------------------------- slots
     def grow(self, extra: int) -> None:
@@ -79,27 +90,35 @@ class SlotStatistics:
         self.buf = buf
         self._bind()
 
-    def gather(self, order: torch.Tensor, n: int) -> None:
-        """Keep the slots ``order`` ([nl, b, h, k], ascending) of the first n; slots k..n become clean. One layer at a
-        time, so the transient copy is one layer's statistics."""
+    def evicted(self, order: torch.Tensor, n: int) -> None:
+        """After an eviction that keeps the slots ``order`` ([nl, b, h, k], ascending) of the first n: the carried
+        statistics (cum, decay) move with their slots and slots k..n become clean; the block statistics (sum, max,
+        min) restart, since a new block starts at every eviction, so they are reset rather than moved. The carried
+        rows are gathered a few layers at a time (as many as keep the transient copy within one layer's keys and
+        values, which the pairs' own gather copies anyway)."""
         if not self.rows:
             return
         nl, b, h, k = order.shape
-        idx = order[:, None, :, :, None].expand(nl, len(self.rows), b, h, self.buf.shape[4], k).unbind(0)
-        for li, i in enumerate(idx):
-            layer = self.buf[:, li]  # [rows, b, h, g, capacity]
-            layer.narrow(4, 0, k).copy_(layer.narrow(4, 0, n).gather(4, i))
-        self.buf[:self._n_zero, ..., k:n] = 0
-        if "min" in self.rows:
-            self.buf[-1, ..., k:n] = float("inf")
+        carried = [i for i, r in enumerate(self.rows) if r in ("cum", "decay")]  # adjacent rows
+        if carried:
+            rows = self.buf[carried[0]:carried[-1] + 1]  # [r, nl, b, h, g, capacity]
+            r, g = rows.shape[0], rows.shape[4]
+            step = max(1, (2 * self.head_dim * self.kv_bytes) // (r * g * rows.element_size()))
+            for lo in range(0, nl, step):
+                part = rows[:, lo:lo + step]
+                idx = order[None, lo:lo + step, ..., None, :].expand(r, part.shape[1], b, h, g, k)
+                part.narrow(5, 0, k).copy_(part.narrow(5, 0, n).gather(5, idx))
+            rows.narrow(5, k, n - k).zero_()
+        self.reset_block(n)
 
-    def reset_block(self, sl: slice) -> None:
-        """A new block starts: sum, max and min restart; cum and decay carry over."""
+    def reset_block(self, n: int) -> None:
+        """A new block starts over the first n slots: sum, max and min restart; cum and decay carry over."""
         if not self.rows:
             return
-        self.buf[:self._n_reset, ..., sl] = 0
+        if self._n_reset:
+            self.buf[:self._n_reset].narrow(-1, 0, n).zero_()
         if "min" in self.rows:
-            self.buf[-1, ..., sl] = float("inf")
+            self.buf[-1].narrow(-1, 0, n).fill_(float("inf"))
 
     def end_block(self, n: int) -> None:
         """At an eviction: ``decay ← DECAY · decay + sum`` over the first n slots."""
@@ -111,38 +130,38 @@ class SlotStatistics:
     def accumulate(self, layer_idx: int, probs, hidden, valid) -> None:
         """Add a group of queries' attention ``probs`` [b, h, g, q, n] to the block statistics (those in ``needs``).
         ``hidden``: the [.., q, n] mask of keys a query could not see (None: only the newest block is causal);
-        ``valid`` [b, q]: real (not padding) queries."""
+        ``valid`` [b, q]: real (not padding) queries. Without padding the probabilities are overwritten (the newest
+        block's hidden keys become +inf for the minimum): call this last."""
         n, q = probs.shape[-1], probs.shape[-2]
         need = self.needs
-        st_min = self.min[layer_idx] if "min" in need else None
-        st_max = self.max[layer_idx] if "max" in need else None
         if hidden is None:  # no padding: all queries real, only the newest [q, q] block is causal
-            w, old = probs, n - q
-            if "min" in need:
-                torch.minimum(st_min[..., :old], probs[..., :old].amin(3), out=st_min[..., :old])
-                lo = (probs[..., old:] + causal_block(q, probs.device)).amin(3)  # +inf on keys not yet seen
-                torch.minimum(st_min[..., old:n], lo, out=st_min[..., old:n])
+            w = probs
         else:
             qv = valid[:, None, None, :, None]
             w = probs * qv
-            if "min" in need:
-                wmin = probs.masked_fill(hidden | ~qv, float("inf")).amin(3)
-                torch.minimum(st_min[..., :n], wmin, out=st_min[..., :n])
         if "max" in need:
-            torch.maximum(st_max[..., :n], w.amax(3), out=st_max[..., :n])
-        if "sum" in need:
-            wsum = w.sum(3)
-            self.sum[layer_idx].narrow(-1, 0, n).add_(wsum)  # in place (`x[i, ..., :n] += y` also copies it back)
-            self.cum[layer_idx].narrow(-1, 0, n).add_(wsum)
+            m = self.layer_max[layer_idx].narrow(-1, 0, n)
+            torch.maximum(m, w.amax(3), out=m)
+        if "sum" in need:  # the block sum and the running cum, one add (in place: `x[.., :n] += y` copies it back)
+            self.layer_sums[layer_idx].narrow(-1, 0, n).add_(w.sum(3))
+        if "min" in need:
+            if hidden is None:  # a hidden key has probability 0: +inf on the newest block's hidden keys, in place
+                probs[..., n - q:].add_(causal_block(q, probs.device))
+                wmin = probs.amin(3)
+            else:
+                wmin = probs.masked_fill(hidden | ~qv, float("inf")).amin(3)
+            m = self.layer_min[layer_idx].narrow(-1, 0, n)
+            torch.minimum(m, wmin, out=m)
 
     def remember_queries(self, layer_idx: int, query, qtok, valid) -> None:
         """Keep the latest W queries (the window statistics are recomputed from them at eviction time)."""
         q = query.shape[2]
         W = features.QUERY_WINDOW
+        recent = self.layer_recent_q[layer_idx]
         if q >= W:
-            self.recent_q[layer_idx].copy_(query[:, :, q - W:])
+            recent.copy_(query[:, :, q - W:])
         else:
-            self.recent_q[layer_idx] = torch.cat([self.recent_q[layer_idx], query], dim=2)[:, :, -W:]
+            recent.copy_(torch.cat([recent, query], dim=2)[:, :, -W:])
         if layer_idx == self.num_layers - 1:
             if q >= W:
                 self.recent_token, self.recent_valid = qtok[q - W:], valid[:, q - W:]
@@ -192,14 +211,24 @@ class SlotStatistics:
         parts = [self._window_slice(slice(lo, lo + step), keys, token, n, padded, scaling) for lo in range(0, nl, step)]
         return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
+    def _uniform_share(self, n: int, W: int, device) -> torch.Tensor:
+        """[W, 1]: 1 / (keys query i sees) for the W newest queries over n slots without padding (Scissorhands'
+        threshold), made once per n."""
+        t = self._shares.get((n, W, device))
+        if t is None:
+            if len(self._shares) > 64:
+                self._shares.clear()
+            seen = torch.arange(n - W + 1, n + 1, device=device, dtype=torch.float32)[:, None]
+            t = self._shares[(n, W, device)] = 1.0 / seen
+        return t
+
     def _window_slice(self, layers: slice, keys, token, n: int, padded: bool, scaling: float) -> dict:
         recent_q = self.recent_q[layers]
         nl, b, hq, W, d = recent_q.shape
         h = keys.shape[2]
         g = hq // h
         K = keys[layers, :, :, :n]  # [nl,b,h,n,d]
-        queries = (recent_q * scaling).view(nl, b, h, g * W, -1)
-        scores = torch.matmul(queries, K.transpose(-1, -2)).float().view(nl, b, h, g, W, n)
+        scores = grouped_matmul(recent_q * scaling, K.transpose(-1, -2)).view(nl, b, h, g, W, n).float()
         ktok = token[layers, :, :, :n]
         newest = ktok[..., max(n - W, 0):]
         if not padded and n >= W and torch.equal(newest, self.recent_token.expand_as(newest)):
@@ -207,8 +236,7 @@ class SlotStatistics:
             # and query i sees the n - W + i + 1 keys up to itself
             scores[..., n - W:].sub_(causal_block(W, scores.device))
             probs = scores.softmax(-1)
-            seen = torch.arange(n - W + 1, n + 1, device=scores.device, dtype=torch.float32)[:, None]
-            hits = probs >= 1.0 / seen  # a hidden key has probability 0: never a hit
+            hits = probs >= self._uniform_share(n, W, scores.device)  # a hidden key has probability 0: never a hit
         else:
             vis = (ktok[:, :, :, None, None, :] <= self.recent_token[None, None, None, None, :, None]) & \
                   (ktok >= 0)[:, :, :, None, None, :]

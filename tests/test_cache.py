@@ -208,4 +208,4 @@ def test_statistics_rows_are_only_those_the_policy_reads(qwen3):
         rows[name] = (cache.stats.rows, cache.stats.buf.numel())
     assert rows["streamingllm"] == ((), 0)
     assert rows["h2o"][0] == ("sum", "cum", "decay")
-    assert rows["learned"][0] == ("sum", "max", "cum", "decay", "min") and rows["learned"][1] > rows["h2o"][1] > 0
+    assert rows["learned"][0] == ("max", "sum", "cum", "decay", "min") and rows["learned"][1] > rows["h2o"][1] > 0

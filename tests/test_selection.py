@@ -2,7 +2,7 @@ import math
 
 import torch
 
-from foresight.selection import (brute_force_set_logprob, candidate_window, ordered_logprob, sample_top2l,
+from foresight.selection import (brute_force_set_logprob, candidate_window, kept_slots, ordered_logprob, sample_top2l,
                                  select_topk, set_logprob)
 
 
@@ -108,3 +108,13 @@ def test_multinomial_draws_from_every_candidate_and_never_a_protected_slot():
         seen_top2l |= set(t2.flatten().tolist())
     assert seen_top2l == set(range(32, 40))  # the Top-2L window: the 8 highest scores
     assert seen_mn == set(range(5, 40))  # every candidate, none of the protected slots
+
+
+def test_kept_slots_are_the_complement_in_slot_order():
+    """kept_slots sorts the drop mask (no host sync) instead of reading nonzero(): the same slots, ascending."""
+    g = torch.Generator().manual_seed(3)
+    for n, k in ((40, 8), (7, 6), (300, 64)):
+        chosen = torch.rand(3, 2, 4, n, generator=g).argsort(-1)[..., :k]
+        kept = kept_slots(chosen, n)
+        drop = torch.zeros(3, 2, 4, n, dtype=torch.bool).scatter_(-1, chosen, True)
+        assert torch.equal(kept, (~drop).nonzero()[:, -1].view(3, 2, 4, n - k))
