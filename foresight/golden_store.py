@@ -10,6 +10,11 @@ its tokens, under ``$FORESIGHT_CACHE/golden/<key>/`` (default ``~/.cache/foresig
 settings, the pooling, the steps per trace and the seed), written atomically, so a killed run keeps what it
 computed and a second SFT run (an ablation, a resumed run, the same traces merged again) computes nothing.
 ``sft.example_steps = 0`` keeps the old way: every step, computed in the run.
+
+With a ``behaviour`` scorer the store follows *that scorer's* trajectory instead (top-L by its scores) and labels its
+states with golden's future scores (which come from the full cache, so they apply to any state): the states a scorer
+visits once its own evictions have shifted the cache, which golden's trajectory never shows it (``sft.onpolicy``, a
+DAgger round). Its key includes a digest of the scorer's weights.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from foresight.golden import GoldenPolicy, block_pooled_attention, eviction_step
 from foresight.prompts import pad_rows
 from foresight.references import stack_padded
 from foresight.rollout import rollout
-from foresight.scorer import ScorerBank, bank_for_model
+from foresight.scorer import LearnedPolicy, ScorerBank, bank_for_model
 
 ALL_FEATURES = ("key", "value", "attn")  # the stored layout: [key; value; statistics]
 MAX_ROWS = 16  # traces per batched pass when filling the store (fewer when golden's memory bound says so)
@@ -70,6 +75,7 @@ class GoldenStore:
     pool: str
     steps: int
     seed: int = 0
+    behaviour: object = None  # a scorer (nn.Module policy bank) whose own trajectory is followed instead of golden's
 
     def __post_init__(self):
         self.full = bank_for_model(self.model, features=ALL_FEATURES)  # assembles the inputs only
@@ -78,6 +84,11 @@ class GoldenStore:
                           sum(x.numel() for x in self.model.parameters())],
                 "settings": dataclasses.astuple(self.settings.replace(selection="topk")),
                 "pool": self.pool, "steps": self.steps, "seed": self.seed}
+        if self.behaviour is not None:  # its states depend on its weights: they are part of the key
+            digest = hashlib.sha256()
+            for name, t in sorted(self.behaviour.state_dict().items()):
+                digest.update(name.encode() + t.detach().float().cpu().numpy().tobytes())
+            blob["behaviour"] = digest.hexdigest()
         key = hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:24]
         root = Path(os.environ.get("FORESIGHT_CACHE", Path.home() / ".cache" / "foresight"))
         self.folder = root / "golden" / key
@@ -132,7 +143,8 @@ class GoldenStore:
         lengths = [len(r["input_ids"]) for r in rows]
         ids, mask = pad_rows([r["input_ids"] for r in rows], 0, dev, side="right")
         pooler = block_pooled_attention(self.model, ids, settings, pool=self.pool, lengths=lengths, prefix=prefix)
-        policy = GoldenPolicy(stack_padded(pooler.futures(), (1, 3)))
+        golden = GoldenPolicy(stack_padded(pooler.futures(), (1, 3)))
+        policy = golden if self.behaviour is None else LearnedPolicy(self.behaviour)
         n_steps = [eviction_steps(n, prefix, settings) for n in lengths]
         if min(n_steps) == 0:
             raise ValueError(f"a trace of {lengths[n_steps.index(0)]} tokens is too short for an eviction at "
@@ -144,7 +156,7 @@ class GoldenStore:
             need = [r for r in range(len(rows)) if st["step"] in picks[r]]
             if need:
                 v = st["view"]
-                x, f = self.full.inputs(v), policy.future_scores(v)
+                x, f = self.full.inputs(v), golden.future_scores(v)  # golden's labels on whichever state
                 for r in need:
                     items[r].append((x[:, r:r + 1].half(), f[:, r:r + 1], st["evictable"][:, r:r + 1]))
 

@@ -32,7 +32,8 @@ from foresight.golden_store import GoldenStore, golden_examples
 from foresight.locks import locks_output
 from foresight.report import bootstrap_ci
 from foresight.selection import top_indices, topk_overlap
-from foresight.scorer import bank_for_model
+from foresight.checkpoint import load_scorer
+from foresight.scorer import ScorerBank, bank_for_model
 from foresight.training import finish_run, full_state_dict, load_stage_inputs, optimizer_step, progress_bar, \
     resumed_extra, run_identity, save_progress, setup_training, summary_writer, train_plan
 
@@ -129,6 +130,34 @@ def example_loss(bank, examples, cfg, interval, generator=None):
 
 
 # ------------------------------------------------------------------------------------------------ training
+def start_from(cfg, model, bank, log):
+    """Load ``sft.init`` (or ``sft.onpolicy``, which starts from the scorer whose states it adds) into ``bank``;
+    returns the loaded scorer, or None."""
+    if cfg.init and cfg.onpolicy and cfg.init != cfg.onpolicy:
+        raise ValueError(f"sft.init={cfg.init} and sft.onpolicy={cfg.onpolicy}: a DAgger round starts from the "
+                         "scorer whose states it adds; set one of them")
+    path = cfg.init or cfg.onpolicy
+    if not path:
+        return None
+    init, init_cfg = load_scorer(Path(path), model)
+    if not isinstance(init, ScorerBank) or init.spec() != bank.spec():
+        raise ValueError(f"sft.init/onpolicy={path}: its scorer ({init_cfg.get('scorer')}) is not the recipe's "
+                         f"(scorer: hidden={bank.hidden}, activation={bank.activation}, features={list(bank.features)})")
+    bank.load_state_dict(init.state_dict())
+    log(f"[sft] starting from {path}")
+    return init
+
+
+def onpolicy_store(cfg, recipe, model, init) -> GoldenStore | None:
+    """``sft.onpolicy``: the store of the scorer ``init``'s own trajectory's states, labelled by golden (see
+    :mod:`foresight.golden_store`); None without it."""
+    if not cfg.onpolicy:
+        return None
+    if not cfg.example_steps:
+        raise ValueError("sft.onpolicy needs sft.example_steps > 0: the states of its trajectory are stored examples")
+    return GoldenStore(model, recipe.cache, cfg.golden_pool, cfg.example_steps, cfg.seed, behaviour=init)
+
+
 @locks_output("sft")
 def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=None, progress: bool = True, log=print):
     out = Path(out)
@@ -140,17 +169,23 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
         raise ValueError(f"sft.objective={cfg.objective!r} is not available (foresight | kvpop)")
     device, model, ds, train_idx, val_idx = load_stage_inputs(recipe, traces_dir, world)
     bank = bank_for_model(model, recipe.scorer.hidden, recipe.scorer.activation, recipe.scorer.features, cfg.seed)
+    init = start_from(cfg, model, bank, log)  # before the optimiser (and DeepSpeed's partitioning) sees the weights
     plan = train_plan(cfg, identity=run_identity(recipe, ("model", "cache", "scorer", "sft"), ds))
     opt, sched, ckpt, start, engine = setup_training(bank, plan, out, resume, rank, deepspeed_config, "SFT", log)
 
     cache_examples: dict[int, list] = {}
     store = GoldenStore(model, recipe.cache, cfg.golden_pool, cfg.example_steps, cfg.seed) \
         if cfg.example_steps else None
-    if store is not None and rank == 0:  # every trace's examples at once, in batches (then shared by every rank)
-        store.fill(train_idx + val_idx, ds, progress=progress)
+    onpolicy = onpolicy_store(cfg, recipe, model, init)
+    if rank == 0:  # every trace's examples at once, in batches (then shared by every rank)
+        for st in (store, onpolicy):
+            if st is not None:
+                st.fill(train_idx + val_idx, ds, progress=progress)
     distributed.barrier()
 
     def examples_for(i):
+        if onpolicy is not None:
+            return store.examples(ds[i], bank) + onpolicy.examples(ds[i], bank)
         if store is not None:
             return store.examples(ds[i], bank)
         if i in cache_examples:
@@ -194,8 +229,13 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
                "train_recall_at_L": round(last.get("recall", float("nan")), 4), "steps": cfg.steps,
                "train_seconds_this_run": round(train_seconds, 1)}
     if val_idx:
-        with torch.no_grad():
-            vals = [example_loss(bank, examples_for(i), cfg, interval, torch.Generator().manual_seed(0)) for i in val_idx]
+        with torch.no_grad():  # on golden's states: comparable between runs, with or without sft.onpolicy
+            golden_states = (lambda i: store.examples(ds[i], bank)) if onpolicy is not None else examples_for
+            vals = [example_loss(bank, golden_states(i), cfg, interval, torch.Generator().manual_seed(0)) for i in val_idx]
+            if onpolicy is not None:  # and on the states of the sft.onpolicy scorer
+                own = [example_loss(bank, onpolicy.examples(ds[i], bank), cfg, interval,
+                                    torch.Generator().manual_seed(0))[1].mean().item() for i in val_idx]
+                metrics["val_recall_at_L_onpolicy_states"] = round(sum(own) / len(own), 4)
         metrics["val_loss"] = round(torch.stack([v[0] for v in vals]).mean().item(), 5)
         metrics["val_recall_at_L"] = round(torch.stack([v[1] for v in vals]).mean().item(), 4)
         ci = bootstrap_ci([v[1].mean().item() for v in vals])  # over the validation traces

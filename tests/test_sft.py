@@ -215,3 +215,52 @@ def test_stored_golden_examples_are_the_run_s_own_and_shared_between_runs(sft_se
     _, m = train_sft(r3, tdir, tmp_path / "b", progress=False, log=lambda *_: None)
     assert {p: p.stat().st_mtime_ns for p in files} == stamps  # shared, not recomputed
     assert m["val_recall_at_L"] >= 0
+
+
+def test_onpolicy_states_follow_the_scorer_with_golden_labels(sft_setup, tmp_path, monkeypatch):
+    """sft.onpolicy (a DAgger round): the store follows the given scorer's own top-L trajectory and labels its states
+    with golden's future scores; SFT starts from that scorer and adds those states; bad settings are refused."""
+    from foresight.golden import GoldenPolicy, block_pooled_attention
+    from foresight.golden_store import GoldenStore
+    from foresight.models import load_model
+    from foresight.rollout import rollout
+    from foresight.scorer import LearnedPolicy
+    from foresight.trace_data import load_traces
+
+    monkeypatch.setenv("FORESIGHT_CACHE", str(tmp_path / "cache"))
+    r, tdir = sft_setup
+    base = [f"model.path={r.model.path}", *SETS, "sft.example_steps=2"]
+    first, _ = train_sft(load_recipe("recipes/tiny-qwen3.yaml", base), tdir, tmp_path / "a", progress=False,
+                         log=lambda *_: None)
+    model, _ = load_model(r.model)
+    row = load_traces(tdir)[0]
+    own = GoldenStore(model, r.cache, "mean", steps=2, seed=0, behaviour=first)
+    golden = GoldenStore(model, r.cache, "mean", steps=2, seed=0)
+    assert own.folder != golden.folder
+    data = own.compute(row)
+    ids = torch.tensor([row["input_ids"]])
+    gold = GoldenPolicy(block_pooled_attention(model, ids, r.cache).future())
+    seen = {}
+
+    def rec(st):
+        seen[st["step"]] = (own.full.inputs(st["view"]), gold.future_scores(st["view"]), st["evictable"])
+
+    rollout(model, ids, LearnedPolicy(first), r.cache, prompt_len=row["prompt_len"], recorder=rec)
+    for k, step in enumerate(data["steps"]):
+        x, f, c = seen[step]
+        assert torch.allclose(data["x"][k].float(), x, atol=2e-3 * (1 + x.abs().max().item()))
+        assert torch.equal(data["future"][k], f) and torch.equal(data["cand"][k], c)
+    assert not torch.equal(data["x"], golden.compute(row)["x"])  # another trajectory: other states
+    tuned, m = train_sft(load_recipe("recipes/tiny-qwen3.yaml", [*base, f"sft.onpolicy={tmp_path / 'a'}", "sft.lr=1e-12"]),
+                         tdir, tmp_path / "b", progress=False, log=lambda *_: None)
+    assert all(torch.allclose(p, q, atol=1e-9) for p, q in zip(tuned.parameters(), first.parameters()))  # from `first`
+    assert 0 <= m["val_recall_at_L_onpolicy_states"] <= 1
+    with pytest.raises(ValueError, match="example_steps"):
+        train_sft(load_recipe("recipes/tiny-qwen3.yaml", [*base, "sft.example_steps=0", f"sft.onpolicy={tmp_path / 'a'}"]),
+                  tdir, tmp_path / "c", progress=False, log=lambda *_: None)
+    with pytest.raises(ValueError, match="set one of them"):
+        train_sft(load_recipe("recipes/tiny-qwen3.yaml", [*base, f"sft.init={tmp_path}", f"sft.onpolicy={tmp_path / 'a'}"]),
+                  tdir, tmp_path / "e", progress=False, log=lambda *_: None)
+    with pytest.raises(ValueError, match="not the recipe's"):
+        train_sft(load_recipe("recipes/tiny-qwen3.yaml", [*base, "scorer.hidden=8", f"sft.onpolicy={tmp_path / 'a'}"]),
+                  tdir, tmp_path / "d", progress=False, log=lambda *_: None)
