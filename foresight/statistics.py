@@ -131,7 +131,7 @@ class SlotStatistics:
         """Add a group of queries' attention ``probs`` [b, h, g, q, n] to the block statistics (those in ``needs``).
         ``hidden``: the [.., q, n] mask of keys a query could not see (None: only the newest block is causal);
         ``valid`` [b, q]: real (not padding) queries. Without padding the probabilities are overwritten (the newest
-        block's hidden keys become +inf for the minimum): call this last."""
+        block's hidden keys become +inf for the minimum) unless autograd holds them: call this last."""
         n, q = probs.shape[-1], probs.shape[-2]
         need = self.needs
         if hidden is None:  # no padding: all queries real, only the newest [q, q] block is causal
@@ -146,6 +146,8 @@ class SlotStatistics:
             self.layer_sums[layer_idx].narrow(-1, 0, n).add_(w.sum(3))
         if "min" in need:
             if hidden is None:  # a hidden key has probability 0: +inf on the newest block's hidden keys, in place
+                if probs.requires_grad:  # (not when autograd keeps them for a backward pass through the attention)
+                    probs = probs.clone()
                 probs[..., n - q:].add_(causal_block(q, probs.device))
                 wmin = probs.amin(3)
             else:
