@@ -71,6 +71,7 @@ class BoundedCache(Cache):
         self._fused_masks = FusedMasks()
         self._real_masks: dict = {}  # all-True validity masks per (batch, chunk) shape
         self._placeholders: dict = {}  # feed()'s empty attention masks per shape
+        self._checked: set = set()  # (slots, evictions) whose candidate count was checked (unpadded)
         self._chunk = None  # (n_old, q, valid[b, q], token indices [q]) of the forward in progress
         self._layer_kv = None  # (layer, keys, values) of the layer whose update ran last
         self.peak_slots = 0
@@ -330,7 +331,12 @@ class BoundedCache(Cache):
             pad = (tok < 0) & (torch.arange(n, device=tok.device) >= self.protected_prefix)
             scores = torch.where(pad, torch.full_like(scores, 1e30), scores)
             evictable = evictable | pad
-        chosen = choose(scores, evictable, n_evict, self.settings.selection, self.settings.temperature, self.generator)
+        # without padding the candidates are the same slots at every eviction of the same size: counted once
+        check = self.padded or (n, n_evict) not in self._checked
+        chosen = choose(scores, evictable, n_evict, self.settings.selection, self.settings.temperature, self.generator,
+                        check=check)
+        if not self.padded:
+            self._checked.add((n, n_evict))
         order = kept_slots(chosen, n)
         if self.recorder is not None:
             self.recorder({"step": self.steps, "seen": self.seen, "token": tok.clone(), "chosen": chosen,

@@ -55,14 +55,15 @@ def topk_overlap(mine: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
 
 
 def choose(scores: torch.Tensor, evictable: torch.Tensor, k: int, mode: str = "topk", temperature: float = 1.0,
-           generator: torch.Generator | None = None) -> torch.Tensor:
+           generator: torch.Generator | None = None, check: bool = True) -> torch.Tensor:
     """The k slots [..., k] to evict from the candidates ``evictable`` by ``scores``: ``topk``, ``sample`` (the
     Top-2L sampler at ``temperature``) or ``multinomial`` (the same draw over every candidate: the paper's "MN"
-    ablation)."""
-    n_cand = int(evictable.sum(-1).min())
-    if n_cand < k:
-        raise RuntimeError(f"only {n_cand} evictable pairs for {k} evictions: B, L, sinks and the protected prompt "
-                           "leave too little room")
+    ablation). ``check``: that every row has k candidates (a host sync; a caller that knows may skip it)."""
+    if check:
+        n_cand = int(evictable.sum(-1).min())
+        if n_cand < k:
+            raise RuntimeError(f"only {n_cand} evictable pairs for {k} evictions: B, L, sinks and the protected prompt "
+                               "leave too little room")
     if mode in ("sample", "multinomial"):
         return sample_top2l(scores, evictable, k, temperature, generator,
                             width=scores.shape[-1] if mode == "multinomial" else None)

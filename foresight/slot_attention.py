@@ -65,7 +65,7 @@ def grouped_matmul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     batched product [B·h, g·m, k] x [B·h, k, p] -> [B·h, g·m, p] (B: the leading dimensions; view it as needed)
     without the broadcast and reshapes of a many-dimensional ``matmul`` (the same kernel: the values are identical).
     ``y`` may be a slice of the cache's slots."""
-    *lead, h, k, p = y.shape
+    k, p = y.shape[-2:]
     rows = y.numel() // (k * p)  # B·h
     return torch.bmm(x.view(rows, -1, k), y.reshape(rows, k, p))
 

@@ -209,3 +209,22 @@ def test_statistics_rows_are_only_those_the_policy_reads(qwen3):
     assert rows["streamingllm"] == ((), 0)
     assert rows["h2o"][0] == ("sum", "cum", "decay")
     assert rows["learned"][0] == ("max", "sum", "cum", "decay", "min") and rows["learned"][1] > rows["h2o"][1] > 0
+
+
+def test_candidates_are_counted_once_per_eviction_size_without_padding(qwen3):
+    """choose() checks that every row has L candidates (a host sync); without padding the same slots are candidates
+    at every eviction of the same size, so the cache counts them only at the first (EvictionSettings.validate already
+    refuses a budget too small for sinks + window)."""
+    from foresight.opcount import OpCounter
+
+    ids = torch.randint(8, 170, (1, 48))
+    for chunks in (80, 160):
+        with OpCounter() as c:
+            cache = rollout(qwen3, ids.repeat(1, chunks // 48 + 1)[:, :chunks], make_policy("h2o"),
+                            EvictionSettings(budget=16, interval=8))
+        assert cache.mean_held > 0
+        syncs = c.by_name.get("aten._local_scalar_dense.default", 0)
+        if chunks == 80:
+            first = syncs
+        else:
+            assert syncs == first  # 7 more evictions, not one more candidate count
