@@ -1,19 +1,30 @@
-"""DAgger probe: loss ratios [95% CI] and paired differences on the 48 held-out references (old rows: runs/probe/eval)."""
+"""The probe's second round on the 48 held-out references: each width-64 variant against the width-64 start (paired
+95% intervals of the loss-ratio difference) and against the heuristics' rows of ../results.json (same references)."""
 import json
+import sys
 from foresight.report import paired_ratio_diff_ci
-old = {(r["method"], r["budget"]): r for r in json.load(open("runs/probe/eval/results.json"))}
-new = {(r["method"], r["budget"]): r for r in json.load(open("runs/probe/eval-dagger/results.json"))}
-out = {}
+here = sys.argv[1] if len(sys.argv) > 1 else "."
+new = {(r["method"], r["budget"]): r for r in json.load(open(f"{here}/results.json"))}
+old = {(r["method"], r["budget"]): r for r in json.load(open(f"{here}/../results.json"))}
+names = {"foresight-sft": "width 64 (start)", "foresight-sft(v-cont)": "+200 steps, golden states",
+         "foresight-sft(v-dagger1)": "+200 steps, golden + own states", "foresight-sft(v-poolmax)": "golden max pooling",
+         "foresight-sft(v-attnonly)": "inputs: attention statistics only", "foresight-sft(v-kvonly)": "inputs: key + value only"}
 for b in (128, 256):
-    w_old, w_new = old[("foresight-sft(v-width64)", b)], new[("foresight-sft", b)]
-    print(f"B={b}: width64 row reproduced bit for bit across the engine change:", w_old["per_trace"] == w_new["per_trace"], w_old["loss_ratio"], w_new["loss_ratio"])
-    rows = {m: r for (m, bb), r in new.items() if bb == b and m != "full"}
-    rows.update({m: r for (m, bb), r in old.items() if bb == b and m in ("golden", "scissorhands", "snapkv", "tova", "streamingllm")})
-    for m, r in rows.items():
-        print(f"  {m:28s} ratio {r['loss_ratio']:.4f} {r['loss_ratio_ci'][1] if isinstance(r['loss_ratio_ci'], (list, tuple)) else r['loss_ratio_ci']}"
-              f" low-ent {r['low_entropy_loss_increase']:.4f} recall {r.get('recall_at_L')} keep {r.get('keep_recall')}")
-    for a in ("foresight-sft(v-dagger1)", "foresight-sft(v-cont)"):
-        for ref in ("foresight-sft", "foresight-sft(v-cont)", "scissorhands", "snapkv"):
-            if a != ref:
-                d = rows[a]["loss_ratio"] - rows[ref]["loss_ratio"]
-                print(f"    {a} - {ref}: {d:+.4f} {paired_ratio_diff_ci(rows[a]['per_trace'], rows[ref]['per_trace'])}")
+    start = new[("foresight-sft", b)]
+    print(f"B={b}: start row equal to the earlier evaluation's: {start['per_trace'] == old[('foresight-sft(v-width64)', b)]['per_trace']}")
+    print("| scorer | loss ratio [95% CI] | Δ low-H loss | recall@L | keep recall | − start (paired) | − Scissorhands (paired) |")
+    print("|---|---|---|---|---|---|---|")
+    for m, label in names.items():
+        if (m, b) not in new:
+            continue
+        r = new[(m, b)]
+        lo, hi = r["loss_ratio_ci"]
+        d0 = "—" if m == "foresight-sft" else "{:+.4f} {}".format(r["loss_ratio"] - start["loss_ratio"], paired_ratio_diff_ci(r["per_trace"], start["per_trace"]))
+        sc = old[("scissorhands", b)]
+        d1 = "{:+.4f} {}".format(r["loss_ratio"] - sc["loss_ratio"], paired_ratio_diff_ci(r["per_trace"], sc["per_trace"]))
+        print(f"| {label} | {r['loss_ratio']:.4f} [{lo:.4f}, {hi:.4f}] | {r['low_entropy_loss_increase']:.4f} | {r['recall_at_L']:.3f} | {r['keep_recall']:.3f} | {d0} | {d1} |")
+    for m in ("scissorhands", "snapkv", "tova", "streamingllm", "golden"):
+        r = old[(m, b)]
+        lo, hi = r["loss_ratio_ci"]
+        print(f"| {m} | {r['loss_ratio']:.4f} [{lo:.4f}, {hi:.4f}] | {r['low_entropy_loss_increase']:.4f} | {r.get('recall_at_L') or '—'} | {r.get('keep_recall') or '—'} | | |")
+    print()
