@@ -151,7 +151,8 @@ class BoundedCache(Cache):
         self.slots = SlotStore(nl, b, h, d, cap, dev, dt)
         W = features.QUERY_WINDOW  # decoding queries wait at most until the next eviction
         self.stats = SlotStatistics(accumulations(reads), nl, b, h, self.q_heads, d, cap,
-                                    pending=W if self.full else max(self.settings.interval, W), device=dev, dtype=dt)
+                                    pending=W if self.full else max(self.settings.interval, W), device=dev, dtype=dt,
+                                    newest_kept=self.full or self.window >= W)
         self.first_real = torch.full((b,), -1, device=dev, dtype=torch.long)
         self._all_started = False
 

@@ -40,12 +40,15 @@ def accumulations(reads) -> frozenset:
 class SlotStatistics:
     """The statistics of every slot ``[nl, b, h, g, capacity]`` plus the kept and the deferred queries.
 
-    ``needs``: what is accumulated (see :func:`accumulations`). ``pending``: how many decoding queries can wait."""
+    ``needs``: what is accumulated (see :func:`accumulations`). ``pending``: how many decoding queries can wait.
+    ``newest_kept``: the cache never evicts its newest W = ``features.QUERY_WINDOW`` slots (its protected window is at
+    least W, or it never evicts), so without padding they hold the tokens of the kept queries: the window sums take
+    their causal fast path without checking that on the device."""
 
     def __init__(self, needs: frozenset, num_layers: int, batch: int, kv_heads: int, q_heads: int, head_dim: int,
-                 capacity: int, pending: int, device, dtype):
+                 capacity: int, pending: int, device, dtype, newest_kept: bool = False):
         nl, b, h, d = num_layers, batch, kv_heads, head_dim
-        self.needs, self.num_layers, self.head_dim = needs, num_layers, head_dim
+        self.needs, self.num_layers, self.head_dim, self.newest_kept = needs, num_layers, head_dim, newest_kept
         self.kv_bytes = torch.empty((), dtype=dtype).element_size()  # of the cache's keys and values
         # only the rows of what is accumulated (none for a policy that reads no block statistic), in STAT_ORDER, so
         # that the rows a block reset zeroes (sum, max) come first and min, which starts at +inf, comes last
@@ -213,6 +216,10 @@ class SlotStatistics:
         parts = [self._window_slice(slice(lo, lo + step), keys, token, n, padded, scaling) for lo in range(0, nl, step)]
         return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
+    def _newest_are_recent(self, newest: torch.Tensor) -> bool:
+        """Whether the newest W slots hold the tokens of the kept queries (a host sync; skipped when ``newest_kept``)."""
+        return torch.equal(newest, self.recent_token.expand_as(newest))
+
     def _uniform_share(self, n: int, W: int, device) -> torch.Tensor:
         """[W, 1]: 1 / (keys query i sees) for the W newest queries over n slots without padding (Scissorhands'
         threshold), made once per n."""
@@ -232,8 +239,7 @@ class SlotStatistics:
         K = keys[layers, :, :, :n]  # [nl,b,h,n,d]
         scores = grouped_matmul(recent_q * scaling, K.transpose(-1, -2)).view(nl, b, h, g, W, n).float()
         ktok = token[layers, :, :, :n]
-        newest = ktok[..., max(n - W, 0):]
-        if not padded and n >= W and torch.equal(newest, self.recent_token.expand_as(newest)):
+        if not padded and n >= W and (self.newest_kept or self._newest_are_recent(ktok[..., n - W:])):
             # the W queries are the tokens of the newest W slots (no padding): only that [W, W] block is causal,
             # and query i sees the n - W + i + 1 keys up to itself
             scores[..., n - W:].sub_(causal_block(W, scores.device))

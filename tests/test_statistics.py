@@ -76,10 +76,16 @@ def test_deferred_decoding_statistics_equal_chunked_ones():
 
 
 @pytest.mark.parametrize("B,L", [(24, 8), (64, 32)])
-def test_fast_causal_path_equals_fully_masked_path(B, L):
+def test_fast_causal_path_equals_fully_masked_path(B, L, monkeypatch):
     """Without padding only the newest block is masked; the statistics equal those of the fully masked path that
     padded batches take (chunks and replayed decoding queries alike). With L >= 32 the window sums take their own
-    fast path too (the 32 kept queries are then the newest 32 slots)."""
+    fast path too (the 32 kept queries are then the newest 32 slots, which the protected window never evicts: no
+    device-side check, no host sync); with L < 32 that is checked at each eviction."""
+    from foresight.statistics import SlotStatistics
+
+    checks = []
+    check = SlotStatistics._newest_are_recent
+    monkeypatch.setattr(SlotStatistics, "_newest_are_recent", lambda self, t: checks.append(1) or check(self, t))
     m = tiny_qwen3()
     S, cut = max(100, 4 * B), max(60, 2 * B + 12)  # chunks up to `cut`, then token-by-token decoding
     ids = torch.randint(8, 170, (2, S))
@@ -94,6 +100,8 @@ def test_fast_causal_path_equals_fully_masked_path(B, L):
             for t in range(cut, S):
                 m(input_ids=ids[:, t:t + 1], cache=c, use_cache=True)
         got[full_mask] = views
+        if not full_mask:
+            assert (len(checks) > 0) == (L < 32)
     assert len(got[False]) == len(got[True]) > 3
     for a, b in zip(got[False], got[True]):
         assert torch.equal(a.token, b.token)
