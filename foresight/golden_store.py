@@ -75,7 +75,7 @@ class GoldenStore:
     pool: str
     steps: int
     seed: int = 0
-    behaviour: object = None  # a scorer (nn.Module policy bank) whose own trajectory is followed instead of golden's
+    behaviour: ScorerBank | None = None  # a scorer whose own (top-L) trajectory is followed instead of golden's
 
     def __post_init__(self):
         self.full = bank_for_model(self.model, features=ALL_FEATURES)  # assembles the inputs only

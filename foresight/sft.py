@@ -28,11 +28,11 @@ from pathlib import Path
 import torch
 
 from foresight import distributed
+from foresight.checkpoint import load_scorer
 from foresight.golden_store import GoldenStore, golden_examples
 from foresight.locks import locks_output
 from foresight.report import bootstrap_ci
 from foresight.selection import top_indices, topk_overlap
-from foresight.checkpoint import load_scorer
 from foresight.scorer import ScorerBank, bank_for_model
 from foresight.training import finish_run, full_state_dict, load_stage_inputs, optimizer_step, progress_bar, \
     resumed_extra, run_identity, save_progress, setup_training, summary_writer, train_plan
