@@ -17,13 +17,12 @@ from __future__ import annotations
 import contextlib
 import threading
 
-import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from foresight import handoff
-from foresight.slot_attention import causal_block
+from foresight.slot_attention import causal_block, grouped_matmul, scaled
 
 NAME = "foresight"
 _pooling = threading.local()  # the pooler of an active ``pooling`` block
@@ -52,14 +51,12 @@ def _dense_pooled_attention(module, query, key, value, scaling, pooler):
     is masked, in place."""
     b, hq, q, d = query.shape
     h, k = key.shape[1], key.shape[2]
-    g = hq // h
     scale = scaling if scaling is not None else d ** -0.5
-    scores = torch.matmul((query * scale).reshape(b, h, g * q, d), key.transpose(-1, -2)).float().view(b, h, g, q, k)
+    scores = grouped_matmul(scaled(query, scale), key.transpose(-1, -2)).view(b, h, hq // h, q, k).float()
     scores[..., k - q:].sub_(causal_block(q, query.device))
     probs = scores.softmax(-1)
     pooler.add(module.layer_idx, probs.view(b, hq, q, k))
-    out = torch.matmul(probs.to(value.dtype).view(b, h, g * q, k), value)
-    return out.view(b, hq, q, d).transpose(1, 2)
+    return grouped_matmul(probs.to(value.dtype), value).view(b, hq, q, d).transpose(1, 2)
 
 
 @contextlib.contextmanager

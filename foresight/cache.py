@@ -27,7 +27,7 @@ from foresight.config import EvictionSettings
 from foresight.layer_handle import LayerHandle
 from foresight.selection import choose, kept_slots
 from foresight.shapes import AttentionShape, text_config
-from foresight.slot_attention import FusedMasks, grouped_matmul, probabilities
+from foresight.slot_attention import ChunkMasks, grouped_matmul, probabilities
 from foresight.slots import SlotStore
 from foresight.statistics import ALL_ACCUMULATIONS, PROB_ACCUMULATIONS, SlotStatistics, accumulations
 from foresight.view import EvictionView, candidates
@@ -68,9 +68,7 @@ class BoundedCache(Cache):
         self.stats: SlotStatistics | None = None  # what the policy reads, accumulated (allocated with the storage)
         self.padded = False  # some fed token was padding (then attention masks are built in full)
         self._pending_valid = None
-        self._fused_masks = FusedMasks()
-        self._real_masks: dict = {}  # all-True validity masks per (batch, chunk) shape
-        self._placeholders: dict = {}  # feed()'s empty attention masks per shape
+        self._masks = ChunkMasks()
         self._checked: set = set()  # (slots, evictions) whose candidate count was checked (unpadded)
         self._chunk = None  # (n_old, q, valid[b, q], token indices [q]) of the forward in progress
         self._layer_kv = None  # (layer, keys, values) of the layer whose update ran last
@@ -90,11 +88,7 @@ class BoundedCache(Cache):
             raise ValueError(f"BoundedCache: the model's attention implementation is {impl!r}, not 'foresight': load "
                              "it with foresight.models.load_model or call foresight.attention.use_foresight_attention")
         self._pending_valid = None if all_real else valid
-        b, q = valid.shape
-        mask = self._placeholders.get((b, q, valid.device))
-        if mask is None:
-            mask = self._placeholders[(b, q, valid.device)] = torch.empty(b, 1, q, 0, dtype=torch.bool, device=valid.device)
-        return {"attention_mask": mask}
+        return {"attention_mask": self._masks.placeholder(*valid.shape, valid.device)}
 
     @property
     def needs(self) -> frozenset:
@@ -222,7 +216,7 @@ class BoundedCache(Cache):
             self.stats.reset_block(self.n)  # the block before the first eviction starts here
         tok = torch.arange(self.seen, self.seen + q, device=dev)
         if valid is None:  # every token is real (fed with all_real, or not fed: transformers' own generate)
-            valid = self._all_real(b, q, dev)
+            valid = self._masks.all_real(b, q, dev)
             if not self._all_started:
                 self.first_real.masked_fill_(self.first_real < 0, self.seen)
                 self._all_started = True
@@ -236,13 +230,6 @@ class BoundedCache(Cache):
             self.token[:, :, :, self.n:self.n + q] = tok_b[None, :, None, :]
         self._chunk = (self.n, q, valid, tok)
         # slots >= n always hold clean statistics (allocation, growth and gathering keep them so)
-
-    def _all_real(self, b: int, q: int, device) -> torch.Tensor:
-        """A [b, q] all-True validity mask, made once per shape (read-only)."""
-        m = self._real_masks.get((b, q))
-        if m is None:
-            m = self._real_masks[(b, q)] = torch.ones(b, q, dtype=torch.bool, device=device)
-        return m
 
     def _finish_chunk(self):
         n_old, q = self._chunk[:2]
@@ -270,7 +257,7 @@ class BoundedCache(Cache):
         last = layer_idx == self.num_layers - 1
         if q == 1 and not self.full:
             out = torch.nn.functional.scaled_dot_product_attention(
-                query, K, V, attn_mask=FusedMasks.decoding(ktok, self.group), scale=scaling, enable_gqa=True)
+                query, K, V, attn_mask=ChunkMasks.decoding(ktok, self.group), scale=scaling, enable_gqa=True)
             full = self.needs and self.stats.defer(layer_idx, query, self.seen, valid)
             if last:
                 self._finish_chunk()
@@ -283,8 +270,8 @@ class BoundedCache(Cache):
             out = grouped_matmul(probs.to(V.dtype), V).view(query.shape)
             self.stats.accumulate(layer_idx, probs, hidden, valid)  # last: it may overwrite the probabilities
         else:  # no statistic needs the probabilities: fused attention
-            mask = FusedMasks.padded_chunk(ktok, qtok, self.group) if self.padded else \
-                self._fused_masks.chunk(q, n, query.device, self.keys.dtype)
+            mask = ChunkMasks.padded_chunk(ktok, qtok, self.group) if self.padded else \
+                self._masks.chunk(q, n, query.device, self.keys.dtype)
             out = torch.nn.functional.scaled_dot_product_attention(query, K, V, attn_mask=mask, scale=scaling,
                                                                    enable_gqa=True)
         if "window" in self.needs:

@@ -183,9 +183,7 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
                 st.fill(train_idx + val_idx, ds, progress=progress)
     distributed.barrier()
 
-    def examples_for(i):
-        if onpolicy is not None:
-            return store.examples(ds[i], bank) + onpolicy.examples(ds[i], bank)
+    def golden_states(i):  # the examples along golden's trajectory
         if store is not None:
             return store.examples(ds[i], bank)
         if i in cache_examples:
@@ -196,6 +194,9 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
         if cfg.cache_golden:
             cache_examples[i] = ex
         return ex
+
+    def examples_for(i):  # and with sft.onpolicy, along the trajectory of that scorer too
+        return golden_states(i) + (onpolicy.examples(ds[i], bank) if onpolicy is not None else [])
 
     writer = summary_writer(out, rank)
     bar = progress_bar(start, cfg.steps, "sft", progress, rank)
@@ -230,7 +231,6 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
                "train_seconds_this_run": round(train_seconds, 1)}
     if val_idx:
         with torch.no_grad():  # on golden's states: comparable between runs, with or without sft.onpolicy
-            golden_states = (lambda i: store.examples(ds[i], bank)) if onpolicy is not None else examples_for
             vals = [example_loss(bank, golden_states(i), cfg, interval, torch.Generator().manual_seed(0)) for i in val_idx]
             if onpolicy is not None:  # and on the states of the sft.onpolicy scorer
                 own = [example_loss(bank, onpolicy.examples(ds[i], bank), cfg, interval,

@@ -70,23 +70,38 @@ def grouped_matmul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.bmm(x.view(rows, -1, k), y.reshape(rows, k, p))
 
 
-class FusedMasks:
-    """Masks for fused SDPA over the slots: additive [q, n] in the keys' dtype without padding (cached per size),
-    else boolean [b, Hq, q, n] by token index (a padding query sees its own slot)."""
+class ChunkMasks:
+    """The masks of a bounded cache's forwards. Those that depend only on shapes are made once per shape (the chunk
+    path runs on every layer of every chunk): the additive [q, n] mask of fused SDPA without padding, the empty
+    placeholder ``attention_mask`` the drivers hand to transformers, and the all-True validity of an unpadded chunk.
+    With padding, boolean masks are built from the token indices."""
 
     def __init__(self):
-        self._additive: dict[tuple, torch.Tensor] = {}
+        self._made: dict = {}
+
+    def _once(self, key: tuple, make) -> torch.Tensor:
+        m = self._made.get(key)
+        if m is None:
+            if len(self._made) > 64:
+                self._made.clear()
+            m = self._made[key] = make()
+        return m
 
     def chunk(self, q: int, n: int, device, dtype) -> torch.Tensor:
-        """Without padding: the additive [q, n] mask (only the newest [q, q] block is causal)."""
-        m = self._additive.get((q, n))
-        if m is None:
-            if len(self._additive) > 16:
-                self._additive.clear()
-            m = torch.zeros(q, n, device=device, dtype=dtype)  # the query's dtype (GPU kernels)
+        """Without padding: the additive [q, n] mask in the query's dtype (only the newest [q, q] block is causal)."""
+        def make():
+            m = torch.zeros(q, n, device=device, dtype=dtype)
             m[:, n - q:] -= causal_block(q, m.device)
-            self._additive[(q, n)] = m
-        return m
+            return m
+        return self._once(("additive", q, n, device, dtype), make)
+
+    def placeholder(self, b: int, q: int, device) -> torch.Tensor:
+        """The empty [b, 1, q, 0] ``attention_mask`` transformers passes through (see BoundedCache.feed)."""
+        return self._once(("placeholder", b, q, device), lambda: torch.empty(b, 1, q, 0, dtype=torch.bool, device=device))
+
+    def all_real(self, b: int, q: int, device) -> torch.Tensor:
+        """[b, q] all True: the validity of a chunk without padding (read-only)."""
+        return self._once(("real", b, q, device), lambda: torch.ones(b, q, dtype=torch.bool, device=device))
 
     @staticmethod
     def padded_chunk(ktok: torch.Tensor, qtok: torch.Tensor, group: int) -> torch.Tensor:
