@@ -22,15 +22,14 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache
 
-from foresight import features, handoff
+from foresight import eviction, features, handoff
 from foresight.config import EvictionSettings
 from foresight.layer_handle import LayerHandle
-from foresight.selection import choose, kept_slots
 from foresight.shapes import AttentionShape, text_config
 from foresight.slot_attention import ChunkMasks, grouped_matmul, probabilities
 from foresight.slots import SlotStore
 from foresight.statistics import ALL_ACCUMULATIONS, PROB_ACCUMULATIONS, SlotStatistics, accumulations
-from foresight.view import EvictionView, candidates
+from foresight.view import EvictionView
 
 class BoundedCache(Cache):
     """A KV cache of at most ``budget`` (+ ``interval``) pairs per (sequence, layer, KV head).
@@ -75,6 +74,9 @@ class BoundedCache(Cache):
         self.peak_slots = 0
         self.scaling = self.head_dim ** -0.5  # the attention's softmax scale (the model's, once attend has run)
         self.policy_state: dict = {}  # anything else a stateful policy carries (e.g. a recurrent memory)
+        self.static = None  # a foresight.static_step.StaticStep while a static decoding step runs
+        self._prepared = False  # the chunk in progress was planned by prepare_chunk (its caller finishes it)
+        self._chunk_real = True  # no token of the chunk in progress is padding
 
     # ----------------------------------------------------------------------------------------------- set-up
     def feed(self, valid: torch.Tensor, all_real: bool = False) -> dict:
@@ -178,8 +180,13 @@ class BoundedCache(Cache):
     # ----------------------------------------------------------------------------------------------- update
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
         q = key_states.shape[-2]
+        if self.static is not None:  # a static decoding step: positions on the device, the whole capacity
+            k_view, v_view = self.static.update(layer_idx, key_states, value_states)
+            self._layer_kv = (layer_idx, k_view, v_view)
+            handoff.offer(self, layer_idx, k_view)
+            return k_view, v_view
         if layer_idx == 0:
-            self._begin_chunk(key_states, q)
+            self._write_tokens() if self._prepared else self._begin_chunk(key_states, q)
         n_old = self._chunk[0]
         keys, values = self.slots.layer_keys[layer_idx], self.slots.layer_values[layer_idx]
         keys.narrow(2, n_old, q).copy_(key_states)
@@ -199,36 +206,62 @@ class BoundedCache(Cache):
                                "(foresight.attention.use_foresight_attention)")
         if self.slots is None:
             self._allocate(key_states)
+        self._plan_chunk(q)
+        self._write_tokens()
+
+    def prepare_chunk(self, q: int, tok_out: torch.Tensor, valid_out: torch.Tensor) -> None:
+        """Everything a chunk of ``q`` tokens does on the host, before its forward (a recorded chunk,
+        :mod:`foresight.recorded`): replay, eviction, block reset, its token indices into ``tok_out`` [q] and (with
+        padding) its validity into ``valid_out`` [b, q]. The forward then only writes the token indices, and the caller
+        ends the chunk with :meth:`finish_prepared`."""
+        if self.slots is None or self._chunk is not None:
+            raise RuntimeError("BoundedCache.prepare_chunk: the storage is allocated by a first (eager) forward, and a "
+                               "prepared chunk ends with finish_prepared()")
+        self._plan_chunk(q, tok_out, valid_out)
+        self._prepared = True
+
+    def finish_prepared(self) -> None:
+        self._prepared = False
+        self._finish_chunk()
+
+    def _plan_chunk(self, q: int, tok_out=None, valid_out=None):
+        """The host's part of a chunk: deferred statistics, eviction, growth, validity, the first real tokens."""
         first_block = not self.full and self.steps == 0 and self.seen <= self.target < self.seen + q
         if self.stats.n_pending and (q > 1 or first_block):
             self._replay()  # deferred statistics go in before a chunk's own (query order) or a block reset
         if not self.full and self.n + q > self.capacity and self.n > self.target:
             self.evict(self.n - self.target)
         self._grow(self.n + q)
-        b, dev = key_states.shape[0], key_states.device
+        b, dev = self.keys.shape[1], self.keys.device
         valid = self._pending_valid
         self._pending_valid = None
         if valid is not None:
-            valid = valid.to(dev)
+            valid = valid.to(dev) if valid_out is None else valid_out.copy_(valid)
             if not self.padded and not bool(valid.all()):
                 self.padded = True
         if first_block:
             self.stats.reset_block(self.n)  # the block before the first eviction starts here
-        tok = torch.arange(self.seen, self.seen + q, device=dev)
+        tok = torch.arange(self.seen, self.seen + q, device=dev, out=tok_out)
+        self._chunk_real = valid is None
         if valid is None:  # every token is real (fed with all_real, or not fed: transformers' own generate)
             valid = self._masks.all_real(b, q, dev)
             if not self._all_started:
                 self.first_real.masked_fill_(self.first_real < 0, self.seen)
                 self._all_started = True
-            self.token.narrow(3, self.n, q).copy_(tok)
-        else:
-            if not self._all_started:  # the first real token of each row (sinks are counted from it)
-                new_first = (self.first_real < 0) & valid.any(1)
-                self.first_real = torch.where(new_first, self.seen + valid.long().argmax(1), self.first_real)
-                self._all_started = bool((self.first_real >= 0).all())
-            tok_b = torch.where(valid, tok.unsqueeze(0), torch.full_like(tok.unsqueeze(0), -1))
-            self.token[:, :, :, self.n:self.n + q] = tok_b[None, :, None, :]
+        elif not self._all_started:  # the first real token of each row (sinks are counted from it)
+            new_first = (self.first_real < 0) & valid.any(1)
+            self.first_real = torch.where(new_first, self.seen + valid.long().argmax(1), self.first_real)
+            self._all_started = bool((self.first_real >= 0).all())
         self._chunk = (self.n, q, valid, tok)
+
+    def _write_tokens(self):
+        """The chunk's token indices into its slots (-1 for padding)."""
+        n, q, valid, tok = self._chunk
+        if self._chunk_real:
+            self.token.narrow(3, n, q).copy_(tok)
+        else:
+            tok_b = torch.where(valid, tok.unsqueeze(0), torch.full_like(tok.unsqueeze(0), -1))
+            self.token[:, :, :, n:n + q] = tok_b[None, :, None, :]
         # slots >= n always hold clean statistics (allocation, growth and gathering keep them so)
 
     def _finish_chunk(self):
@@ -246,12 +279,14 @@ class BoundedCache(Cache):
         A chunk (q > 1) computes the probabilities explicitly when a statistic needs them (fused SDPA otherwise).
         A decoding step (q = 1) runs fused SDPA and defers its query; the deferred queries are replayed in one
         batched pass when the statistics are next needed (before an eviction, a chunk or a block reset)."""
-        n_old, q, valid, qtok = self._chunk
-        n = n_old + q
         self.scaling = scaling
         at, K, V = self._layer_kv
         if at != layer_idx:
             raise RuntimeError(f"BoundedCache: attention of layer {layer_idx} without its update")
+        if self.static is not None:
+            return self.static.attend(layer_idx, query, K, V, scaling)
+        n_old, q, valid, qtok = self._chunk
+        n = n_old + q
         # token indices of the slots: masks are built from them only once padding was fed
         ktok = self.slots.layer_token[layer_idx].narrow(2, 0, n) if (self.padded or q == 1) else None  # [b, h, n]
         last = layer_idx == self.num_layers - 1
@@ -276,7 +311,7 @@ class BoundedCache(Cache):
                                                                    enable_gqa=True)
         if "window" in self.needs:
             self.stats.remember_queries(layer_idx, query, qtok, valid)
-        if last:
+        if last and not self._prepared:  # a prepared chunk is finished by its caller (a replay runs no Python)
             self._finish_chunk()
         return out.transpose(1, 2)
 
@@ -284,55 +319,13 @@ class BoundedCache(Cache):
         self.stats.replay(self.keys, self.token, self.n, self.padded, self.scaling)
 
     # ---------------------------------------------------------------------------------------------- evict
-    def _check_current(self, at: tuple):
-        if at != (self.steps, self.seen):
-            raise RuntimeError("this EvictionView is stale: the cache changed since it was made, so its lazily "
-                               "computed statistics cannot be computed any more (use view.snapshot() to keep one)")
-
     def view(self) -> EvictionView:
         """What the policy sees now (statistics of the current block; the window sums and ``min`` on demand)."""
-        self._replay()
-        n, at = self.n, (self.steps, self.seen)
-        missing = "" if self.needs == ALL_ACCUMULATIONS else (
-            f"policy {getattr(self.policy, 'name', self.policy)!r} declares reads="
-            f"{sorted(self.policy.reads)} (Policy.reads), and the cache computes only those")
-        tok = self.token[:, :, :, :n]
-        evictable = candidates(tok, self.window, self.settings.sinks, self.first_real, self.protected_prefix)
-        stats = self.stats.view_stats(n, self.slots, self.padded, self.scaling, lambda: self._check_current(at), missing,
-                                      layers_per_slice=max(1, self.settings.interval // features.QUERY_WINDOW))
-        return EvictionView(self.keys[:, :, :, :n], self.values[:, :, :, :n], tok, stats, evictable, n_evict=0,
-                            step=self.steps, seen=self.seen, prompt_len=self.prompt_len or 0,
-                            generator=self.generator, slot={k: v[..., :n] for k, v in self.slots.extra.items()})
+        return eviction.current_view(self)
 
-    @torch.no_grad()
     def evict(self, n_evict: int):
         """Drop ``n_evict`` pairs per (layer, sequence, KV head); padding first, then by the policy's scores."""
-        self._replay()
-        n = self.n
-        self.stats.end_block(n)
-        view = self.view()
-        view.n_evict = n_evict
-        tok = view.token
-        scores = self.policy.score(view).float()
-        evictable = view.evictable
-        if self.padded:  # padding slots go first (without padding, every slot below n holds a real token)
-            pad = (tok < 0) & (torch.arange(n, device=tok.device) >= self.protected_prefix)
-            scores = torch.where(pad, torch.full_like(scores, 1e30), scores)
-            evictable = evictable | pad
-        # without padding the candidates are the same slots at every eviction of the same size: counted once
-        check = self.padded or (n, n_evict) not in self._checked
-        chosen = choose(scores, evictable, n_evict, self.settings.selection, self.settings.temperature, self.generator,
-                        check=check)
-        if not self.padded:
-            self._checked.add((n, n_evict))
-        order = kept_slots(chosen, n)
-        if self.recorder is not None:
-            self.recorder({"step": self.steps, "seen": self.seen, "token": tok.clone(), "chosen": chosen,
-                           "scores": scores, "evictable": evictable, "view": view.snapshot()})
-        self.slots.gather(order, n)
-        self.stats.evicted(order, n)  # and a new block starts
-        self.n = n - n_evict
-        self.steps += 1
+        eviction.evict(self, n_evict)
 
     # ----------------------------------------------------------------------------------- transformers API
     def get_seq_length(self, layer_idx: int = 0) -> int:

@@ -26,6 +26,7 @@ class ModelConfig:
     gguf_file: str | None = None  # a GGUF file inside `path` (or an absolute path), loaded with transformers' gguf support
     dtype: str = "float32"  # float32 | bfloat16 | float16
     device: str = "auto"  # auto | cpu | cuda | cuda:N
+    step: str = "eager"  # eager | graph: bounded-cache forwards recorded once and replayed (CUDA graphs; for GPUs)
 
 
 @dataclass

@@ -219,7 +219,7 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
         EvictionSettings(budget=B, interval=L).validate()
     method_names = check_names((methods or eval_cfg.methods).split(","))
     identity = {"recipe": {k: v for k, v in recipe.to_dict().items() if k != "model"} | {
-                    "model": {k: v for k, v in vars(recipe.model).items() if k != "device"}},
+                    "model": {k: v for k, v in vars(recipe.model).items() if k not in ("device", "step")}},
                 "methods": method_names, "budgets": budget_list,
                 "scorers": [[str(d), read_config(d).get("created")] for d in scorers]}
     done = finished_rows(out, identity)

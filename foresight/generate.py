@@ -15,7 +15,9 @@ import torch
 from transformers import StaticCache
 
 from foresight.config import EvictionSettings
+from foresight.recorded import capture_for, model_step
 from foresight.rollout import forward_chunks, make_cache
+from foresight.static_step import StaticDecoder
 
 
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -95,12 +97,26 @@ class GenerationResult:
 def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, max_new_tokens: int = 256,
              policy=None, settings: EvictionSettings | None = None, decoding: Decoding = Decoding(),
              generator: torch.Generator | None = None, prefill_chunk: int = 1024,
-             row_generators: list | None = None) -> GenerationResult:
+             row_generators: list | None = None, step: str | None = None) -> GenerationResult:
     """Generate up to ``max_new_tokens`` after the left-padded prompts ``input_ids`` [b, P] (``attention_mask``:
     0 = padding) with a bounded cache evicting by ``policy`` under ``settings`` (``policy=None``: the full cache,
     prefilled ``prefill_chunk`` tokens at a time). The prompt is protected with ``settings.protect_prompt``;
     ``generator`` seeds sampling, the eviction sampler and random policies; ``row_generators`` (one per row) seed
-    each row's sampling on its own, so that a row's tokens do not depend on the rest of the batch."""
+    each row's sampling on its own, so that a row's tokens do not depend on the rest of the batch.
+
+    ``step``: how a bounded cache's decoding steps run: ``"eager"`` (default), ``"static"`` (the capturable step of
+    :mod:`foresight.static_step`: static shapes, positions on the device), ``"graph"`` (that step recorded once and
+    replayed: a CUDA graph on CUDA, a ``torch.fx`` graph of its operations elsewhere). Static steps attend over the
+    whole capacity, so their values equal the eager ones up to float rounding. ``None``: the model's
+    (:func:`foresight.recorded.set_model_step`; a full cache always decodes eagerly)."""
+    explicit = step is not None
+    step = model_step(model, step)
+    if step != "eager" and policy is None:
+        if explicit:
+            raise ValueError(f"generate: step={step!r} needs a bounded cache (a policy); the full cache decodes eagerly")
+        step = "eager"
+    if step != "eager" and not explicit and getattr(policy, "observe", None) is not None:
+        step = "eager"  # a policy that observes every new pair on the host decodes eagerly (StaticStep refuses it)
     b, P = input_ids.shape
     dev = input_ids.device
     if attention_mask is None:
@@ -111,9 +127,13 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
     else:
         cache = make_cache(model, policy, settings, prompt_len=P, generator=generator)
     logits = None
-    for _, _, chunk_logits in forward_chunks(model, cache, input_ids, mask, prefill_chunk, logits_from=P):
+    for _, _, chunk_logits in forward_chunks(model, cache, input_ids, mask, prefill_chunk, logits_from=P,
+                                             step="graph" if step == "graph" else "eager"):
         logits = chunk_logits[:, -1]
     next_pos = mask.long().sum(-1)  # position of the first generated token
+    decoder = None
+    if step != "eager":
+        decoder = StaticDecoder(model, cache, capture=None if step == "static" else capture_for(dev))
     done = torch.zeros(b, dtype=torch.bool, device=dev)
     new, lps = [], []
     full_mask = mask.long()
@@ -134,13 +154,16 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
             done = done | (tok == decoding.eos_token_id)
         if bool(done.all()) or len(new) == max_new_tokens:
             break
-        if policy is not None:
-            kw = cache.feed(real, all_real=True)
+        if decoder is not None:
+            logits = decoder.step(tok, next_pos)
         else:
-            full_mask = torch.cat([full_mask, torch.ones(b, 1, dtype=full_mask.dtype, device=dev)], 1)
-            kw = {"attention_mask": full_mask}
-        logits = model(input_ids=tok[:, None], position_ids=next_pos[:, None], cache=cache, use_cache=True,
-                       **kw).logits[:, -1]
+            if policy is not None:
+                kw = cache.feed(real, all_real=True)
+            else:
+                full_mask = torch.cat([full_mask, torch.ones(b, 1, dtype=full_mask.dtype, device=dev)], 1)
+                kw = {"attention_mask": full_mask}
+            logits = model(input_ids=tok[:, None], position_ids=next_pos[:, None], cache=cache, use_cache=True,
+                           **kw).logits[:, -1]
         next_pos = next_pos + 1
     new_t = torch.stack(new, 1) if new else torch.zeros(b, 0, dtype=input_ids.dtype, device=dev)
     lp_t = torch.stack(lps, 1) if lps else torch.zeros(b, 0, device=dev)

@@ -12,6 +12,7 @@ import torch
 
 from foresight import distributed
 from foresight.attention import use_foresight_attention
+from foresight.recorded import STEPS, set_model_step
 from foresight.shapes import AttentionShape, text_config
 
 ASSETS = Path(__file__).parent / "assets"
@@ -48,6 +49,8 @@ def load_model(cfg, device: str | None = None):
 
     if cfg.dtype not in DTYPES:
         raise ValueError(f"model.dtype must be one of {', '.join(DTYPES)}, got {cfg.dtype!r}")
+    if cfg.step not in STEPS:
+        raise ValueError(f"model.step must be one of {', '.join(STEPS)}, got {cfg.step!r}")
     path, gguf = resolve_path(cfg.path, cfg.gguf_file)
     local = Path(path).exists()
     if not local and ("/" not in path or path.startswith((".", "/"))):
@@ -64,6 +67,7 @@ def load_model(cfg, device: str | None = None):
         raise ValueError(f"cannot load model {cfg.path!r} ({path}): {type(e).__name__}: {e}") from None
     model.to(distributed.local_device(device or cfg.device)).eval().requires_grad_(False)
     use_foresight_attention(model)
+    set_model_step(model, cfg.step)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"

@@ -122,10 +122,85 @@ def prefill_largest(prompt_len: int, policy: str = "h2o", model=None, batch: int
             "largest_resident": c.largest_resident, "bound": bound}
 
 
+class _RecordingsCountOnce:
+    """Within this block a recorded step (foresight.recorded.Recording) counts as one operation, its recording and
+    each replay alike: on a GPU each is one graph launch."""
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        from foresight.recorded import Recording
+
+        self.calls, self._saved = 0, (Recording.record, Recording.replay)
+
+        def once(method):
+            def run(rec, *args):
+                self.calls += 1
+                with _disable_current_modes():
+                    return method(rec, *args)
+            return run
+
+        Recording.record, Recording.replay = once(Recording.record), once(Recording.replay)
+        return self
+
+    def __exit__(self, *exc):
+        from foresight.recorded import Recording
+
+        Recording.record, Recording.replay = self._saved
+
+
+@torch.no_grad()
+def recorded_rollout_ops(policy: str, model=None, S: int = 1024, B: int = 256, L: int = 64) -> dict:
+    """:func:`ops_per_chunk`'s rollout with its chunks recorded (``rollout(step="graph")``): operations the host
+    dispatches per chunk and layer once chunks replay (the difference between a rollout of S + 8L and one of S tokens,
+    over 8 chunks), a recording or replay counting as one (a graph launch), against the eager rollout's the same way."""
+    from foresight.rollout import rollout
+
+    model = model or reference_model()
+    ids = torch.randint(10, model.config.vocab_size, (1, S + 8 * L), generator=torch.Generator().manual_seed(0))
+
+    def count(n: int, step: str) -> int:
+        with _RecordingsCountOnce() as rec, OpCounter() as c:
+            rollout(model, ids[:, :n], policy_for(policy, model), EvictionSettings(budget=B, interval=L),
+                    generator=torch.Generator().manual_seed(0), step=step)
+        return c.ops + rec.calls
+
+    per = 8 * model.config.num_hidden_layers
+    return {"policy": policy, "S": S, "eager_per_chunk_layer": round((count(S + 8 * L, "eager") - count(S, "eager")) / per, 1),
+            "recorded_per_chunk_layer": round((count(S + 8 * L, "graph") - count(S, "graph")) / per, 1)}
+
+
+@torch.no_grad()
+def decode_ops(policy: str, model=None, batch: int = 1, prompt: int = 320, new_tokens: int = 257, B: int = 256,
+               L: int = 64) -> dict:
+    """Operations the host dispatches per generated token (prefill excluded; evictions amortised): eager decoding
+    against the static step recorded as a graph (``generate(step="graph")``), where a step's own operations are
+    one replay (on a GPU: one launch) and the host runs only what lies between steps (sampling, positions, the
+    eviction every L tokens)."""
+    from foresight.generate import generate
+
+    model = model or reference_model()
+    ids = torch.randint(10, model.config.vocab_size, (batch, prompt), generator=torch.Generator().manual_seed(0))
+    settings = EvictionSettings(budget=B, interval=L)
+
+    def count(step: str, tokens: int) -> int:
+        with _RecordingsCountOnce() as rec, OpCounter() as c:
+            generate(model, ids, max_new_tokens=tokens, policy=policy_for(policy, model), settings=settings,
+                     generator=torch.Generator().manual_seed(0), step=step)
+        return c.ops + rec.calls
+
+    res = {"policy": policy, "batch": batch, "B": B, "L": L, "tokens": new_tokens - 1}
+    for step in ("eager", "graph"):
+        res[f"{step}_per_token"] = round((count(step, new_tokens) - count(step, 1)) / (new_tokens - 1), 1)
+    return res
+
+
 def report(policies=("streamingllm", "h2o", "learned"), prompts=(1024, 4096)) -> dict:
     model = reference_model()
     return {"ops": [ops_per_chunk(p, model) for p in policies],
-            "prefill": [prefill_largest(n, policy=p, model=model) for p in ("h2o", "learned") for n in prompts]}
+            "prefill": [prefill_largest(n, policy=p, model=model) for p in ("h2o", "learned") for n in prompts],
+            "recorded": [recorded_rollout_ops(p, model) for p in policies],
+            "decode": [decode_ops(p, model) for p in policies]}
 
 
 def table(res: dict) -> str:
@@ -136,6 +211,13 @@ def table(res: dict) -> str:
               "resident (the cache's storage) |", "|---|---|---|---|---|"]
     lines += [f"| {r['policy']} | {r['prompt_len']} | {r['largest_transient']:,} | {r['bound']:,} | {r['largest_resident']:,} |"
               for r in res["prefill"]]
+    lines += ["", "| policy | rollout ops / chunk / layer past the first eviction, eager | chunks recorded (`step=\"graph\"`; "
+              "a replay counts one) |", "|---|---|---|"]
+    lines += [f"| {r['policy']} | {r['eager_per_chunk_layer']} | {r['recorded_per_chunk_layer']} |"
+              for r in res.get("recorded", [])]
+    lines += ["", "| policy | ops per generated token, eager decoding | recorded step (`step=\"graph\"`: one replay + the "
+              "host's work between steps) |", "|---|---|---|"]
+    lines += [f"| {r['policy']} | {r['eager_per_token']} | {r['graph_per_token']} |" for r in res.get("decode", [])]
     return "\n".join(lines)
 
 

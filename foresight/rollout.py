@@ -20,6 +20,7 @@ from transformers import DynamicCache
 
 from foresight.cache import BoundedCache
 from foresight.config import EvictionSettings
+from foresight.recorded import RecordedChunks, capture_for, model_step
 
 # the full cache's chunks hold at most this many logits (b x tokens x vocabulary; 512 MB in fp32): 48 SmolLM2 rows of
 # 1,024 tokens at once were [48, 1024, 49152] in bf16, then twice that in fp32 for the loss and entropy (OOM at 24 GB)
@@ -55,23 +56,33 @@ def make_cache(model, policy, settings: EvictionSettings | None, prompt_len: int
     return BoundedCache(model.config, policy, settings, prompt_len=prompt_len, recorder=recorder, generator=generator)
 
 
-def forward_chunks(model, cache, input_ids: torch.Tensor, mask: torch.Tensor, chunk: int, logits_from: int = 0):
+def forward_chunks(model, cache, input_ids: torch.Tensor, mask: torch.Tensor, chunk: int, logits_from: int = 0,
+                   step: str | None = None):
     """Feed ``input_ids`` [b, S] (``mask`` bool [b, S], False = left padding) through ``model`` in chunks: up to
     each eviction point of a :class:`BoundedCache`, ``chunk`` tokens at a time for a full cache. Yields
     ``(start, end, logits [b, end - start, V])``; a chunk that ends at or before ``logits_from`` yields only its last
-    position's logits ``[b, 1, V]`` (a prefill: the vocabulary projection of one position per row)."""
+    position's logits ``[b, 1, V]`` (a prefill: the vocabulary projection of one position per row).
+
+    ``step="graph"`` (bounded caches): chunks that repeat (same size, slots and layout: every chunk after the first
+    eviction) are recorded once and replayed (:class:`~foresight.recorded.RecordedChunks`); their logits are then a
+    buffer the next chunk overwrites. ``None``: the model's (:func:`foresight.recorded.set_model_step`)."""
+    step = model_step(model, step)
     S = input_ids.shape[1]
     positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
     bounded = isinstance(cache, BoundedCache)
+    recorded = RecordedChunks(model, cache, capture_for(input_ids.device)) if bounded and step == "graph" else None
     all_real = bounded and bool(mask.all())  # checked once here, not by the cache on every chunk
     s = 0
     while s < S:
         q = cache.next_chunk(S - s) if bounded else min(chunk, S - s)
         kw = cache.feed(mask[:, s:s + q], all_real) if bounded else {"attention_mask": mask[:, : s + q].long()}
         extra = {"logits_to_keep": 1} if s + q <= logits_from else {}
-        out = model(input_ids=input_ids[:, s:s + q], position_ids=positions[:, s:s + q], cache=cache,
-                    use_cache=True, **kw, **extra)
-        yield s, s + q, out.logits
+        if recorded is not None:
+            logits = recorded.forward(input_ids[:, s:s + q], positions[:, s:s + q], {**kw, **extra})
+        else:
+            logits = model(input_ids=input_ids[:, s:s + q], position_ids=positions[:, s:s + q], cache=cache,
+                           use_cache=True, **kw, **extra).logits
+        yield s, s + q, logits
         s += q
 
 
@@ -79,7 +90,7 @@ def forward_chunks(model, cache, input_ids: torch.Tensor, mask: torch.Tensor, ch
 def rollout(model, input_ids: torch.Tensor, policy=None, settings: EvictionSettings | None = None,
             prompt_len: int | None = None, attention_mask: torch.Tensor | None = None,
             generator: torch.Generator | None = None, recorder=None, chunk: int = 1024, full=None,
-            entropy: bool = True) -> RolloutResult:
+            entropy: bool = True, step: str | None = None) -> RolloutResult:
     """Teacher-force ``input_ids`` [b, S] (``attention_mask``: 0 = left padding) through ``model`` with a bounded
     cache evicting by ``policy`` under ``settings`` (``policy=None``: the full cache, in chunks of ``chunk``).
 
@@ -87,8 +98,11 @@ def rollout(model, input_ids: torch.Tensor, policy=None, settings: EvictionSetti
     :meth:`BoundedCache.evict`); ``generator`` seeds the sampler and random policies. ``full``: the full cache's
     (token_loss, token_entropy) of the same rows, when known (evaluation): no eviction happens before B + L tokens
     (the cache's capacity is at least that), so those positions take the full cache's values and skip the vocabulary
-    projection. ``entropy=False``: only the losses (token_entropy is zero past those positions).
+    projection. ``entropy=False``: only the losses (token_entropy is zero past those positions). ``step="graph"``:
+    the chunks after the first eviction are recorded once and replayed (see :func:`forward_chunks`; ``None``: the
+    model's, eager unless ``load_model`` was given ``model.step``); the results are bit-identical.
     """
+    step = model_step(model, step)
     b, S = input_ids.shape
     dev = input_ids.device
     if policy is None:  # a full-cache pass: chunks no larger than the logits' memory allows
@@ -102,7 +116,7 @@ def rollout(model, input_ids: torch.Tensor, policy=None, settings: EvictionSetti
     prev_logits = None
     held_sum, held_rows = 0.0, torch.zeros(b, device=dev)
     known = settings.budget + settings.interval if (full is not None and policy is not None) else 0
-    for s, end, logits in forward_chunks(model, cache, input_ids, attention_mask, chunk, logits_from=known):
+    for s, end, logits in forward_chunks(model, cache, input_ids, attention_mask, chunk, logits_from=known, step=step):
         q = end - s
         if end <= known:  # before any eviction: the full cache's values
             loss[:, s:end], ent[:, s:end] = full[0][:, s:end], full[1][:, s:end]
@@ -117,7 +131,7 @@ def rollout(model, input_ids: torch.Tensor, policy=None, settings: EvictionSetti
             loss[:, s + 1:s + q] = nll
             if h is not None:
                 ent[:, s + 1:s + q] = h
-        prev_logits = logits[:, -1:]
+        prev_logits = logits[:, -1:] if step == "eager" else logits[:, -1:].clone()  # a recording's buffer
         held = cache.n if policy is not None else end
         held_sum += held * q
         real = attention_mask[:, s:end].sum(1)  # a row's own tokens in the chunk: slots it holds after them

@@ -115,3 +115,9 @@ class ChunkMasks:
         vis = ktok >= 0
         vis[:, :, -1] = True
         return vis.repeat_interleave(group, dim=1)[:, :, None, :]
+
+    @staticmethod
+    def static_decoding(ktok: torch.Tensor, group: int) -> torch.Tensor:
+        """[b, Hq, 1, capacity] for a static decoding step (foresight.static_step): every real key of the whole
+        capacity; the query's own slot already holds its (real) token, empty slots hold -1."""
+        return (ktok >= 0).repeat_interleave(group, dim=1)[:, :, None, :]

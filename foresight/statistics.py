@@ -185,6 +185,14 @@ class SlotStatistics:
         self.n_pending += 1
         return self.n_pending == self.pending_q.shape[3]
 
+    def defer_at(self, layer_idx: int, query, at: torch.Tensor, token: torch.Tensor) -> None:
+        """:meth:`defer` at the device-side index ``at`` [1] (a static decoding step, foresight.static_step): the
+        query [b, Hq, 1, d]; after the last layer its token index ``token`` [1], real. The caller counts it."""
+        self.pending_q[layer_idx].index_copy_(2, at, query)
+        if layer_idx == self.num_layers - 1:
+            self.pending_token.index_copy_(0, at, token)
+            self.pending_valid.index_fill_(1, at, True)
+
     @torch.no_grad()
     def replay(self, keys, token, n: int, padded: bool, scaling: float) -> None:
         """Replay the deferred decoding queries against the first n slots (``keys`` [nl, b, h, cap, d], ``token``

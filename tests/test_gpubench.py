@@ -13,7 +13,7 @@ import torch
 from foresight.gpubench.__main__ import main, run
 from foresight.gpubench.rows import CUDA_ONLY, ROWS
 from foresight.gpubench.shapes import BenchSettings, shape_config
-from foresight.gpubench.timing import DECODE_POLICIES
+from foresight.gpubench.timing import DECODE_CASES
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--device", "cpu", "--shape", "tiny", "--lengths", "96,128", "--batches", "1,2", "--new-tokens", "4",
@@ -45,8 +45,10 @@ def test_cpu_smoke_run_writes_every_row(tmp_path):
     cases = {(e["row"], e["case"]) for e in entries}
     assert {("rollout", f"{p} S={S} batch=1") for p, S in [("h2o", 96), ("h2o", 128), ("streamingllm", 96),
                                                             ("learned", 96)]} <= cases
-    assert ("group", "learned sample S=96 batch=8") in cases
-    assert {("decode", f"{p} batch={b} prompt=96") for p in DECODE_POLICIES for b in (1, 2)} <= cases
+    assert {("group", "learned sample S=96 batch=8"), ("group", "learned sample graph S=96 batch=8"),
+            ("rollout", "h2o graph S=128 batch=1"), ("rollout", "learned graph S=96 batch=1")} <= cases
+    assert {("decode", f"{p}{' graph' if step == 'graph' else ''} batch={b} prompt=96")
+            for p, step in DECODE_CASES for b in (1, 2)} <= cases
     assert all(e["vs_full"] > 0 for e in entries if e["row"] == "decode")
     md = (tmp_path / "gpubench.md").read_text().splitlines()
     rows = [line for line in md if line.startswith("| ") and not line.startswith("| row |")]

@@ -8,11 +8,11 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "foresight"
 
-PRIMITIVES = {"config", "features", "selection", "shapes", "atomic", "handoff", "slot_attention", "statistics",
+PRIMITIVES = {"config", "features", "selection", "shapes", "atomic", "handoff", "slot_attention", "statistics", "eviction",
               "view", "slots", "cache", "attention", "distributed", "reward", "prompts", "trace_data", "validation", "locks",
               "serving", "layer_handle"}
-ENGINE = {"models", "rollout", "generate", "golden", "scorer", "policies", "kvpop.topk", "kvpop.target",
-          "kvpop.scorers"}
+ENGINE = {"models", "rollout", "generate", "static_step", "recorded", "golden", "scorer", "policies", "kvpop.topk",
+          "kvpop.target", "kvpop.scorers"}
 PLUMBING = {"training", "checkpoint", "plots", "methods", "references", "report", "styles", "completions", "golden_store",
             "realbench_report"}
 STAGES = {"traces", "sft", "grpo", "kvpop.train", "evaluate"}

@@ -5,11 +5,14 @@ Rows, each in a process of its own (``python -m foresight.gpubench --row NAME``,
 measurement; the parent collects them), so that one row's memory never affects another's:
 
 * ``rollout``   teacher-forced rollout (H2O, budget B, interval L) versus one dense forward of the same tokens, single
-  sequence, at every length; StreamingLLM and the learned scorers at the middle length;
-* ``group``     GRPO's group: G rows of one trace, learned scorers with the Top-2L sampler, versus a dense pass over G rows;
+  sequence, at every length; StreamingLLM and the learned scorers at the middle length; each also with its chunks
+  recorded once and replayed (``graph``: CUDA graphs; ``torch.fx`` on CPU, :mod:`foresight.recorded`);
+* ``group``     GRPO's group: G rows of one trace, learned scorers with the Top-2L sampler, versus a dense pass over G rows
+  (eager and ``graph``);
 * ``golden``    golden labels (blockwise future attention, :mod:`foresight.golden`) versus one dense forward;
 * ``decode``    ms/token and tokens/s of :func:`foresight.generate.generate` after a prompt of the middle length, full
-  cache versus H2O, StreamingLLM and learned, at growing batch sizes (a policy stops at its first out-of-memory);
+  cache versus H2O, StreamingLLM and learned, at growing batch sizes (a policy stops at its first out-of-memory), the
+  bounded ones also with the decoding step recorded once and replayed (``graph``: a CUDA graph; ``torch.fx`` on CPU);
 * ``memory``    prefill peak memory above the weights (``torch.cuda.max_memory_allocated``) of a batch of prompts, H2O
   versus learned (full cache for reference); on CPU the largest transient tensor (:mod:`foresight.opcount`) instead;
 * ``fit``       the largest bounded (H2O) batch whose prefill fits, doubling from the memory row's batch (CUDA only);

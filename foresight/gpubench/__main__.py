@@ -55,7 +55,7 @@ def _child(name: str, s: BenchSettings, deadline: float, grace: float = 60.0) ->
 
 def _versus_full(entries: list[dict]) -> None:
     """Decoding: each measurement's ms/token over the full cache's at the same batch (``vs_full``), where both ran."""
-    full = {e["batch"]: e["ms_per_token"] for e in entries if e.get("policy") == "full" and "ms_per_token" in e}
+    full = {e["batch"]: e["ms_per_token"] for e in entries if e.get("policy") == "full" and "ms_per_token" in e}  # eager
     for e in entries:
         if e["row"] == "decode" and "ms_per_token" in e and e["batch"] in full:
             e["vs_full"] = round(e["ms_per_token"] / full[e["batch"]], 3)

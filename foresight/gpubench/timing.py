@@ -11,20 +11,23 @@ from foresight.gpubench.measure import Row, best_pair, dense_fn, free_memory, ge
     short_ids, sync
 from foresight.gpubench.shapes import BenchSettings
 
-DECODE_POLICIES = ("full", "h2o", "streamingllm", "learned")
+# (policy, decoding step): eager, and the static step recorded once and replayed (a CUDA graph; torch.fx on CPU)
+DECODE_CASES = (("full", "eager"), ("h2o", "eager"), ("h2o", "graph"), ("streamingllm", "eager"),
+                ("streamingllm", "graph"), ("learned", "eager"), ("learned", "graph"))
 
 
-def _versus_dense(row: Row, model, s: BenchSettings, policy: str, length: int, batch: int = 1, eviction=None) -> None:
-    case = f"{policy}{' sample' if eviction is not None else ''} S={length} batch={batch}"
+def _versus_dense(row: Row, model, s: BenchSettings, policy: str, length: int, batch: int = 1, eviction=None,
+                  step: str = "eager") -> None:
+    case = f"{policy}{' sample' if eviction is not None else ''}{' graph' if step == 'graph' else ''} S={length} batch={batch}"
     if row.late():
         return row.skip(case)
     eviction = eviction or s.eviction
     ids, short = (random_ids(model, 1, n, s.seed).expand(batch, -1).contiguous()
                   for n in (length, s.budget + 2 * s.interval))
-    warm = (dense_fn(model, short), rollout_fn(model, short, policy, eviction, s.seed))
-    dense, roll = best_pair(dense_fn(model, ids), rollout_fn(model, ids, policy, eviction, s.seed), ids.device, s.repeat,
-                            warm)
-    row.emit(case, policy=policy, S=length, batch=batch, dense_s=round(dense, 4), rollout_s=round(roll, 4),
+    warm = (dense_fn(model, short), rollout_fn(model, short, policy, eviction, s.seed, step))
+    dense, roll = best_pair(dense_fn(model, ids), rollout_fn(model, ids, policy, eviction, s.seed, step), ids.device,
+                            s.repeat, warm)
+    row.emit(case, policy=policy, step=step, S=length, batch=batch, dense_s=round(dense, 4), rollout_s=round(roll, 4),
              ratio=round(roll / dense, 3))
 
 
@@ -32,14 +35,17 @@ def _versus_dense(row: Row, model, s: BenchSettings, policy: str, length: int, b
 def row_rollout(row: Row, model, s: BenchSettings) -> None:
     for length in s.lengths:
         _versus_dense(row, model, s, "h2o", length)
+        _versus_dense(row, model, s, "h2o", length, step="graph")  # chunks recorded once, replayed
     for policy in ("streamingllm", "learned"):
         _versus_dense(row, model, s, policy, s.middle)
+        _versus_dense(row, model, s, policy, s.middle, step="graph")
 
 
 @torch.no_grad()
 def row_group(row: Row, model, s: BenchSettings) -> None:
     sample = s.eviction.replace(selection="sample", temperature=s.temperature)
     _versus_dense(row, model, s, "learned", s.middle, batch=s.group, eviction=sample)
+    _versus_dense(row, model, s, "learned", s.middle, batch=s.group, eviction=sample, step="graph")
 
 
 @torch.no_grad()
@@ -58,9 +64,10 @@ def row_golden(row: Row, model, s: BenchSettings) -> None:
         row.emit(case, S=length, dense_s=round(dense, 4), golden_s=round(gold, 4), ratio=round(gold / dense, 3))
 
 
-def _decode_timing(model, ids, policy: str, s: BenchSettings) -> tuple[float, float]:
+def _decode_timing(model, ids, policy: str, s: BenchSettings, step: str) -> tuple[float, float]:
     """(seconds to the first decoding step, seconds of ``s.new_tokens`` decoding steps after it): a hook notes the
-    first forward call of one token past the prompt."""
+    first forward call of one token past the prompt. A recorded step (``graph``) is recorded during the timed steps
+    (after two eager ones): each generation records its own, so its cost is part of the figure."""
     P, dev, marks = ids.shape[1], ids.device, {}
 
     def first_step(_module, _args, kwargs):
@@ -72,7 +79,7 @@ def _decode_timing(model, ids, policy: str, s: BenchSettings) -> tuple[float, fl
     try:
         sync(dev)
         t = time.perf_counter()
-        generate_with(model, ids, policy, s, s.new_tokens + 1)
+        generate_with(model, ids, policy, s, s.new_tokens + 1, step)
         sync(dev)
         end = time.perf_counter()
     finally:
@@ -80,13 +87,13 @@ def _decode_timing(model, ids, policy: str, s: BenchSettings) -> tuple[float, fl
     return marks["step"] - t, end - marks["step"]
 
 
-def _decode_once(model, s: BenchSettings, policy: str, batch: int) -> dict:
-    """Warm-up (a short prompt, past the first eviction, and 3 tokens), then the timed generation; ``{"oom": True}``
-    when it does not fit."""
+def _decode_once(model, s: BenchSettings, policy: str, batch: int, step: str) -> dict:
+    """Warm-up (a short prompt, past the first eviction, and 6 tokens: a recorded step is recorded), then the timed
+    generation; ``{"oom": True}`` when it does not fit."""
     n = s.new_tokens
     try:
-        generate_with(model, short_ids(model, s, batch), policy, s, 3)
-        prefill, decode = _decode_timing(model, random_ids(model, batch, s.middle, s.seed), policy, s)
+        generate_with(model, short_ids(model, s, batch), policy, s, 6, step)
+        prefill, decode = _decode_timing(model, random_ids(model, batch, s.middle, s.seed), policy, s, step)
         res = {"prefill_s": round(prefill, 4), "decode_s": round(decode, 4), "ms_per_token": round(1000 * decode / n, 3),
                "tokens_per_s": round(batch * n / decode, 1)}
     except torch.OutOfMemoryError:
@@ -96,13 +103,13 @@ def _decode_once(model, s: BenchSettings, policy: str, batch: int) -> dict:
 
 
 def row_decode(row: Row, model, s: BenchSettings) -> None:
-    for policy in DECODE_POLICIES:
+    for policy, step in DECODE_CASES:
         for batch in s.batches:
-            case = f"{policy} batch={batch} prompt={s.middle}"
+            case = f"{policy}{' graph' if step == 'graph' else ''} batch={batch} prompt={s.middle}"
             if row.late():
                 row.skip(case)
                 continue
-            res = _decode_once(model, s, policy, batch)
-            row.emit(case, policy=policy, batch=batch, prompt=s.middle, new_tokens=s.new_tokens, **res)
+            res = _decode_once(model, s, policy, batch, step)
+            row.emit(case, policy=policy, step=step, batch=batch, prompt=s.middle, new_tokens=s.new_tokens, **res)
             if res.get("oom"):
                 break

@@ -1,0 +1,71 @@
+"""One eviction step of a :class:`~foresight.cache.BoundedCache`: the policy's view, its scores, the selection, the
+gathers that keep the chosen slots.
+
+What the policy sees (:func:`current_view`): keys, values, token indices of the slots in use, the statistics of the
+current block (the window sums and ``min`` computed on demand, refused once the cache has moved on) and which slots
+are candidates. :func:`evict` scores them, puts padding first, picks the L to drop (:mod:`foresight.selection`:
+top-L or the Top-2L sampler), records the step for a ``recorder`` and keeps the rest in time order.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from foresight import features
+from foresight.selection import choose, kept_slots
+from foresight.statistics import ALL_ACCUMULATIONS
+from foresight.view import EvictionView, candidates
+
+
+def current_view(cache) -> EvictionView:
+    """What the policy sees now (statistics of the current block; the window sums and ``min`` on demand)."""
+    cache._replay()
+    n, at = cache.n, (cache.steps, cache.seen)
+    missing = "" if cache.needs == ALL_ACCUMULATIONS else (
+        f"policy {getattr(cache.policy, 'name', cache.policy)!r} declares reads="
+        f"{sorted(cache.policy.reads)} (Policy.reads), and the cache computes only those")
+
+    def check_current():
+        if at != (cache.steps, cache.seen):
+            raise RuntimeError("this EvictionView is stale: the cache changed since it was made, so its lazily "
+                               "computed statistics cannot be computed any more (use view.snapshot() to keep one)")
+
+    tok = cache.token[:, :, :, :n]
+    evictable = candidates(tok, cache.window, cache.settings.sinks, cache.first_real, cache.protected_prefix)
+    stats = cache.stats.view_stats(n, cache.slots, cache.padded, cache.scaling, check_current, missing,
+                                   layers_per_slice=max(1, cache.settings.interval // features.QUERY_WINDOW))
+    return EvictionView(cache.keys[:, :, :, :n], cache.values[:, :, :, :n], tok, stats, evictable, n_evict=0,
+                        step=cache.steps, seen=cache.seen, prompt_len=cache.prompt_len or 0,
+                        generator=cache.generator, slot={k: v[..., :n] for k, v in cache.slots.extra.items()})
+
+
+@torch.no_grad()
+def evict(cache, n_evict: int) -> None:
+    """Drop ``n_evict`` pairs per (layer, sequence, KV head) of ``cache``; padding first, then by its policy's
+    scores."""
+    cache._replay()
+    n = cache.n
+    cache.stats.end_block(n)
+    view = current_view(cache)
+    view.n_evict = n_evict
+    tok = view.token
+    scores = cache.policy.score(view).float()
+    evictable = view.evictable
+    if cache.padded:  # padding slots go first (without padding, every slot below n holds a real token)
+        pad = (tok < 0) & (torch.arange(n, device=tok.device) >= cache.protected_prefix)
+        scores = torch.where(pad, torch.full_like(scores, 1e30), scores)
+        evictable = evictable | pad
+    # without padding the candidates are the same slots at every eviction of the same size: counted once
+    check = cache.padded or (n, n_evict) not in cache._checked
+    chosen = choose(scores, evictable, n_evict, cache.settings.selection, cache.settings.temperature, cache.generator,
+                    check=check)
+    if not cache.padded:
+        cache._checked.add((n, n_evict))
+    order = kept_slots(chosen, n)
+    if cache.recorder is not None:
+        cache.recorder({"step": cache.steps, "seen": cache.seen, "token": tok.clone(), "chosen": chosen,
+                        "scores": scores, "evictable": evictable, "view": view.snapshot()})
+    cache.slots.gather(order, n)
+    cache.stats.evicted(order, n)  # and a new block starts
+    cache.n = n - n_evict
+    cache.steps += 1
