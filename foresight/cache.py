@@ -228,7 +228,7 @@ class BoundedCache(Cache):
         """The host's part of a chunk: deferred statistics, eviction, growth, validity, the first real tokens."""
         first_block = not self.full and self.steps == 0 and self.seen <= self.target < self.seen + q
         if self.stats.n_pending and (q > 1 or first_block):
-            self._replay()  # deferred statistics go in before a chunk's own (query order) or a block reset
+            self.replay_deferred()  # deferred statistics go in before a chunk's own (query order) or a block reset
         if not self.full and self.n + q > self.capacity and self.n > self.target:
             self.evict(self.n - self.target)
         self._grow(self.n + q)
@@ -297,7 +297,7 @@ class BoundedCache(Cache):
             if last:
                 self._finish_chunk()
                 if full:
-                    self._replay()
+                    self.replay_deferred()
             return out.transpose(1, 2)
         if self.needs & PROB_ACCUMULATIONS:
             probs, hidden = probabilities(query, K, ktok, qtok, self.padded, True, scaling)
@@ -315,7 +315,8 @@ class BoundedCache(Cache):
             self._finish_chunk()
         return out.transpose(1, 2)
 
-    def _replay(self):
+    def replay_deferred(self):
+        """The deferred decoding queries' statistics, computed now against the slots they saw (see ``attend``)."""
         self.stats.replay(self.keys, self.token, self.n, self.padded, self.scaling)
 
     # ---------------------------------------------------------------------------------------------- evict

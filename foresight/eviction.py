@@ -19,7 +19,7 @@ from foresight.view import EvictionView, candidates
 
 def current_view(cache) -> EvictionView:
     """What the policy sees now (statistics of the current block; the window sums and ``min`` on demand)."""
-    cache._replay()
+    cache.replay_deferred()
     n, at = cache.n, (cache.steps, cache.seen)
     missing = "" if cache.needs == ALL_ACCUMULATIONS else (
         f"policy {getattr(cache.policy, 'name', cache.policy)!r} declares reads="
@@ -43,7 +43,7 @@ def current_view(cache) -> EvictionView:
 def evict(cache, n_evict: int) -> None:
     """Drop ``n_evict`` pairs per (layer, sequence, KV head) of ``cache``; padding first, then by its policy's
     scores."""
-    cache._replay()
+    cache.replay_deferred()
     n = cache.n
     cache.stats.end_block(n)
     view = current_view(cache)

@@ -11,15 +11,15 @@ eagerly, but a CUDA graph recorded from it would replay the first step's positio
 so the same kernels with the same arguments serve every step. The host keeps its own counters (one slot, one
 token, one deferred query per step: it never reads them back) and does everything else between steps, outside the
 step, with the eager code: the eviction every L tokens, the replay of the deferred queries, the block reset before
-the first eviction. Those are exactly the eager decoding's (:meth:`StaticStep.prepare` mirrors
-``BoundedCache._begin_chunk``), so the kept sets are the eager ones; only the step's attention sums over masked
-empty slots as well (values equal to the eager step's up to float rounding, tested).
+the first eviction. That is the eager decoding's own code (:meth:`StaticStep.prepare` runs the cache's plan of a
+one-token chunk); only the step's attention also sums over masked empty slots, so its values equal the eager step's
+up to float rounding (tested), and tokens and kept sets are the eager ones except where scores tie to rounding.
 
-:class:`StaticDecoder` runs such steps for a model and, on CUDA with ``capture=True``, records the step once as a
-CUDA graph (after warm-up steps) and replays it: one launch per token instead of a few thousand. On a CPU the same
-step can be recorded with ``torch.fx`` (``capture="fx"``): the recorded graph replays the step's aten operations
-with every Python value of the recording baked in, which is what a CUDA graph does, so the tests check on a CPU that
-nothing in the step depends on host state that changes between steps.
+:class:`StaticDecoder` runs such steps for a model and, with ``capture="cuda"``, records the step once as a CUDA graph
+(after warm-up steps) and replays it: one launch per token instead of a few thousand. On a CPU the same step can be
+recorded with ``torch.fx`` (``capture="fx"``, :mod:`foresight.recorded`): the recording replays the step's aten
+operations with every Python value of the recording baked in, which is what a CUDA graph does, so the tests check on a
+CPU that nothing in the step depends on host state that changes between steps.
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ class StepPositions:
         self.token = torch.zeros(1, dtype=torch.long, device=device)
         self.pending = torch.zeros(1, dtype=torch.long, device=device)
 
-    def set(self, slot: int, token: int, pending: int) -> None:
-        """Host to device without a sync: three fills with their values as kernel arguments."""
+    def set(self, slot: int, pending: int) -> None:
+        """Host to device without a sync: fills with their values as kernel arguments (the token index is written
+        by the cache's plan of the step, ``BoundedCache.prepare_chunk``)."""
         self.slot.fill_(slot)
-        self.token.fill_(token)
         self.pending.fill_(pending)
 
 
@@ -70,35 +70,25 @@ class StaticStep:
         nl, b, h, _ = cache.token.shape
         self._token_src = self.at.token.view(1, 1, 1, 1).expand(nl, b, h, 1)
         self._real = torch.ones(b, 1, dtype=torch.bool, device=dev)
+        self._valid = torch.ones(b, 1, dtype=torch.bool, device=dev)  # unused: decoding tokens are real
 
     # -------------------------------------------------------------------------- host side, between steps
     def prepare(self) -> None:
-        """What the eager step does on the host before its forward (``BoundedCache._begin_chunk`` for one real
-        token): replay deferred queries before the first block starts, evict when the cache is full, reset the
-        block; then write the step's positions to the device."""
+        """What an eager step does on the host before its forward (the cache's own plan of a one-token chunk: the
+        replay of deferred queries before the first block starts, the eviction when the cache is full, the block
+        reset); then the step's positions go to the device."""
         c = self.cache
-        first_block = c.steps == 0 and c.seen == c.target
-        if c.stats.n_pending and first_block:
-            c._replay()
-        if c.n + 1 > c.capacity and c.n > c.target:
-            c.evict(c.n - c.target)
-        if first_block:
-            c.stats.reset_block(c.n)
-        if not c._all_started:
-            c.first_real.masked_fill_(c.first_real < 0, c.seen)
-            c._all_started = True
-        self.at.set(c.n, c.seen, c.stats.n_pending)
+        c.prepare_chunk(1, self.at.token, self._valid)  # writes the step's token index into at.token
+        self.at.set(c.n, c.stats.n_pending)
 
     def advance(self) -> None:
-        """The host's counters after a step (``BoundedCache._finish_chunk`` and the deferred query's count)."""
+        """The host's counters after a step (the cache's end of a chunk, and the deferred query's count)."""
         c = self.cache
-        c.n += 1
-        c.seen += 1
-        c.peak_slots = max(c.peak_slots, c.n)
+        c.finish_prepared()
         if self.defers:
             c.stats.n_pending += 1
             if c.stats.n_pending == c.stats.pending_q.shape[3]:
-                c._replay()
+                c.replay_deferred()
 
     # ------------------------------------------------------------------------------ the step (recorded)
     def update(self, layer_idx: int, key_states: torch.Tensor, value_states: torch.Tensor):
