@@ -294,7 +294,7 @@ class BoundedCache(Cache):
             out = torch.nn.functional.scaled_dot_product_attention(
                 query, K, V, attn_mask=ChunkMasks.decoding(ktok, self.group), scale=scaling, enable_gqa=True)
             full = self.needs and self.stats.defer(layer_idx, query, self.seen, valid)
-            if last:
+            if last and not self._prepared:
                 self._finish_chunk()
                 if full:
                     self.replay_deferred()

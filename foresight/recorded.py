@@ -132,8 +132,8 @@ class RecordedChunks:
 
     def _recordable(self, q: int) -> bool:
         c = self.cache
-        return (c.slots is not None and not c.full and c.steps > 0 and getattr(c.policy, "observe", None) is None
-                and (q >= features.QUERY_WINDOW or "window" not in c.needs))
+        return (q > 1 and c.slots is not None and not c.full and c.steps > 0  # one token: a decoding step (static_step)
+                and getattr(c.policy, "observe", None) is None and (q >= features.QUERY_WINDOW or "window" not in c.needs))
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, kw: dict) -> torch.Tensor:
         q = input_ids.shape[1]

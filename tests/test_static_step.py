@@ -129,7 +129,7 @@ def test_recorded_rollout_chunks_equal_the_eager_rollout(model, policy, monkeypa
     replays = []
     replay = Recording.replay
     monkeypatch.setattr(Recording, "replay", lambda self: replays.append(1) or replay(self))
-    ids = torch.randint(3, 50, (3, 300), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(3, 50, (3, 305), generator=torch.Generator().manual_seed(1))  # 80 + 7·32 + a 1-token chunk
     mask = torch.ones_like(ids, dtype=torch.bool)
     mask[1, :7] = False
     for selection in ("topk", "sample"):
@@ -140,7 +140,7 @@ def test_recorded_rollout_chunks_equal_the_eager_rollout(model, policy, monkeypa
             for name in ("token_loss", "token_entropy", "held_per_row"):
                 assert torch.equal(getattr(runs[0], name), getattr(runs[1], name)), (selection, name)
             assert runs[0].peak_slots == runs[1].peak_slots == 80
-    assert len(replays) == 4 * 3  # 6 chunks of 32 after the first eviction: two eager, one recorded, three replayed
+    assert len(replays) == 4 * 4  # 7 chunks of 32 after the first eviction: two eager, one recorded, four replayed
 
 
 def test_the_recipes_model_step_reaches_the_drivers(tiny_model_dir, monkeypatch):
