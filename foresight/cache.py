@@ -224,6 +224,11 @@ class BoundedCache(Cache):
         self._prepared = False
         self._finish_chunk()
 
+    def chunk_layout(self) -> tuple:
+        """The host-visible state a prepared chunk's forward depends on besides its size (slots in use, padding):
+        chunks with equal layouts run the same operations on the same buffers (foresight.recorded)."""
+        return self.n, self.padded, self._chunk_real, self._all_started
+
     def _plan_chunk(self, q: int, tok_out=None, valid_out=None):
         """The host's part of a chunk: deferred statistics, eviction, growth, validity, the first real tokens."""
         first_block = not self.full and self.steps == 0 and self.seen <= self.target < self.seen + q

@@ -143,7 +143,7 @@ class RecordedChunks:
         ids, pos, tok, valid = self._buffers_for(input_ids, kw)
         c.prepare_chunk(q, tok, valid)
         try:
-            key = (q, c.n, c.padded, c._chunk_real, c._all_started, tuple(sorted(kw)))
+            key = (q, *c.chunk_layout(), tuple(sorted(kw)))
             ids.copy_(input_ids)
             pos.copy_(position_ids)
             rec = self.recordings.get(key)
