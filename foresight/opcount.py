@@ -149,6 +149,13 @@ class _RecordingsCountOnce:
         Recording.record, Recording.replay = self._saved
 
 
+def _host_ops(run) -> int:
+    """Operations ``run()`` dispatches on the host, a recording or replay counting as one."""
+    with _RecordingsCountOnce() as rec, OpCounter() as c:
+        run()
+    return c.ops + rec.calls
+
+
 @torch.no_grad()
 def recorded_rollout_ops(policy: str, model=None, S: int = 1024, B: int = 256, L: int = 64) -> dict:
     """:func:`ops_per_chunk`'s rollout with its chunks recorded (``rollout(step="graph")``): operations the host
@@ -160,10 +167,8 @@ def recorded_rollout_ops(policy: str, model=None, S: int = 1024, B: int = 256, L
     ids = torch.randint(10, model.config.vocab_size, (1, S + 8 * L), generator=torch.Generator().manual_seed(0))
 
     def count(n: int, step: str) -> int:
-        with _RecordingsCountOnce() as rec, OpCounter() as c:
-            rollout(model, ids[:, :n], policy_for(policy, model), EvictionSettings(budget=B, interval=L),
-                    generator=torch.Generator().manual_seed(0), step=step)
-        return c.ops + rec.calls
+        return _host_ops(lambda: rollout(model, ids[:, :n], policy_for(policy, model), EvictionSettings(budget=B, interval=L),
+                                         generator=torch.Generator().manual_seed(0), step=step))
 
     per = 8 * model.config.num_hidden_layers
     return {"policy": policy, "S": S, "eager_per_chunk_layer": round((count(S + 8 * L, "eager") - count(S, "eager")) / per, 1),
@@ -184,10 +189,8 @@ def decode_ops(policy: str, model=None, batch: int = 1, prompt: int = 320, new_t
     settings = EvictionSettings(budget=B, interval=L)
 
     def count(step: str, tokens: int) -> int:
-        with _RecordingsCountOnce() as rec, OpCounter() as c:
-            generate(model, ids, max_new_tokens=tokens, policy=policy_for(policy, model), settings=settings,
-                     generator=torch.Generator().manual_seed(0), step=step)
-        return c.ops + rec.calls
+        return _host_ops(lambda: generate(model, ids, max_new_tokens=tokens, policy=policy_for(policy, model),
+                                          settings=settings, generator=torch.Generator().manual_seed(0), step=step))
 
     res = {"policy": policy, "batch": batch, "B": B, "L": L, "tokens": new_tokens - 1}
     for step in ("eager", "graph"):

@@ -69,8 +69,7 @@ class StaticStep:
         self.defers = bool(cache.needs)
         nl, b, h, _ = cache.token.shape
         self._token_src = self.at.token.view(1, 1, 1, 1).expand(nl, b, h, 1)
-        self._real = torch.ones(b, 1, dtype=torch.bool, device=dev)
-        self._valid = torch.ones(b, 1, dtype=torch.bool, device=dev)  # unused: decoding tokens are real
+        self.real = torch.ones(b, 1, dtype=torch.bool, device=dev)  # a step's validity: decoding tokens are real
 
     # -------------------------------------------------------------------------- host side, between steps
     def prepare(self) -> None:
@@ -78,7 +77,7 @@ class StaticStep:
         replay of deferred queries before the first block starts, the eviction when the cache is full, the block
         reset); then the step's positions go to the device."""
         c = self.cache
-        c.prepare_chunk(1, self.at.token, self._valid)  # writes the step's token index into at.token
+        c.prepare_chunk(1, self.at.token, self.real)  # the token index into at.token (fed as real: no validity copied)
         self.at.set(c.n, c.stats.n_pending)
 
     def advance(self) -> None:
@@ -127,7 +126,7 @@ class StaticDecoder:
         b, dev = cache.keys.shape[1], cache.keys.device
         self.ids = torch.zeros(b, 1, dtype=torch.long, device=dev)
         self.pos = torch.zeros(b, 1, dtype=torch.long, device=dev)
-        self._kw = cache.feed(self.step_impl._real, all_real=True)
+        self._kw = cache.feed(self.step_impl.real, all_real=True)
         self.steps = 0
         self.recording: Recording | None = None
 
