@@ -187,6 +187,7 @@ class GRPOConfig:
     low_entropy_share: float = 0.8
     normalise: str = "low_entropy"  # low_entropy | counted
     temperature: float = 1.0
+    ratio: str = "set"  # set: the set log-ratio / L per row | draw: a clipped ratio per Plackett-Luce draw (foresight.grpo)
     ckpt_every: int = 10
     val_traces: int = 2  # the last traces of the dataset, held out for validation (at most a quarter of them)
     seed: int = 0

@@ -20,6 +20,16 @@ from foresight.rollout import forward_chunks, make_cache
 from foresight.static_step import StaticDecoder
 
 
+EOS_CHECK_EVERY = 16  # tokens between checks that every row has stopped, on an accelerator
+
+
+def eos_check_interval(device: torch.device) -> int:
+    """How often generation asks whether every row has stopped: each token on a CPU (free there, and no step is
+    wasted), every ``EOS_CHECK_EVERY`` tokens on an accelerator, where the question is a host sync that stalls the
+    launch queue at every token. Steps run past the last EOS are trimmed away, so the result is the same."""
+    return 1 if device.type == "cpu" else EOS_CHECK_EVERY
+
+
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
     """Top-k then top-p (nucleus) filtering of [b, V] logits (filtered entries become -inf)."""
     if top_k and top_k < logits.shape[-1]:
@@ -135,6 +145,8 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
     if step != "eager":
         decoder = StaticDecoder(model, cache, capture=None if step == "static" else capture_for(dev))
     done = torch.zeros(b, dtype=torch.bool, device=dev)
+    last_eos = torch.zeros(b, dtype=torch.long, device=dev)  # the step of each row's EOS (0 until it has one)
+    check_every = eos_check_interval(dev)
     new, lps = [], []
     full_mask = mask.long()
     real = torch.ones(b, 1, dtype=torch.bool, device=dev)  # each decoding step's token is real (done rows' too)
@@ -151,8 +163,12 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
         new.append(tok)
         lps.append(lp_all.gather(-1, tok[:, None]).squeeze(-1).masked_fill(done, 0.0))
         if decoding.eos_token_id is not None:
+            last_eos = torch.where(done, last_eos, torch.full_like(last_eos, len(new)))
             done = done | (tok == decoding.eos_token_id)
-        if bool(done.all()) or len(new) == max_new_tokens:
+            if len(new) % check_every == 0 and bool(done.all()):
+                del new[int(last_eos.max()):], lps[int(last_eos.max()):]  # steps run after every row had stopped
+                break
+        if len(new) == max_new_tokens:
             break
         if decoder is not None:
             logits = decoder.step(tok, next_pos)

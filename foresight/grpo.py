@@ -8,23 +8,30 @@
   entropy stored by the data stage.
 * **Advantage.** ``A_g = (r_g − mean(r)) / (std(r) + 1e-6)`` within the trace's group, ``std`` Bessel-corrected
   (TRL's ``nanstd``; the released code divides by the population std, a constant factor √(G/(G−1)) apart).
-* **Log-probabilities.** Each (step, layer, KV head) row's action is the drawn *set* of L evictions; its
-  log-probability is the exact Plackett–Luce set probability under the Top-2L sampler
-  (:func:`foresight.selection.set_logprob`; the released code uses an independent softmax over all
-  candidates, which is not the law it samples from). It is recomputed for the updated scorers from the stored
+* **Log-probabilities.** Each (step, layer, KV head) row's action is the drawn *set* of L evictions, with the
+  exact Plackett–Luce set probability under the Top-2L sampler (:func:`foresight.selection.set_logprob`), or
+  its ordered draws (``grpo.ratio``, below); the released code uses an independent softmax over all
+  candidates, which is not the law it samples from. It is recomputed for the updated scorers from the stored
   per-step scorer inputs, without re-running the LLM, over the behaviour policy's Top-2L window (the window
   is a deterministic truncation, held fixed like top-k truncation in language-model RL, so an updated policy
   never assigns a drawn action probability 0).
 * **Objective** (minimised), per row with ratio ``ρ = exp(log π_θ − log π_old)``::
 
-      −min(ρ·A, clip(ρ, 1−ε, 1+ε)·A) + β·k3,    k3 = exp(δ) − δ − 1,   δ = (log π_ref − log π_θ) / L
-
-  with the per-eviction ratio ``ρ = exp((log π_θ − log π_old) / L)`` (L evictions per row: the set's
-  log-ratio shared out over its draws, like GRPO's per-token ratios; the whole-set ratio of 64..256 draws
-  leaves the clip range after any update),
+      −min(ρ·A, clip(ρ, 1−ε, 1+ε)·A) + β·k3,    k3 = exp(δ) − δ − 1,   δ = log π_ref − log π_θ
 
   averaged over rows, steps and traces, optimised for ``grpo.epochs`` (μ ≥ 1) passes over each batch so the
-  clip can act. ``π_ref`` is the frozen SFT scorer bank.
+  clip can act. ``π_ref`` is the frozen SFT scorer bank. What ``π`` is, ``grpo.ratio``:
+
+  - ``set`` — the drawn set's probability, its log-ratio shared out over its L draws (``ρ = exp(Δ/L)``, the same
+    for δ). A set whose probability changed e^3-fold has ρ = e^(3/32) = 1.10 at L = 32: measured on SmolLM2, the
+    clip fraction stayed 0.00 while half of the top-L decisions changed (docs/results/smollm2-135m/
+    probe-sft-variants/grpo), so the clip never bounds an epoch's step.
+  - ``draw`` — each draw of the ordered Plackett–Luce sequence is an action of its own
+    (:func:`foresight.selection.window_draw_logprobs`: P(draw i | the earlier draws) over the fixed window), with
+    its own ratio, clip and k3 term, averaged over the L draws like language-model GRPO's per-token terms. The
+    ordered sequence is the sampler's actual outcome, so its log-probability is a valid policy-gradient action
+    (the reward depends on the set only); the clip now acts on every draw whose probability moved by more
+    than ε. Cheaper than ``set`` (no integral).
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ from foresight.reward import reward as compute_reward
 from foresight.rollout import rollout
 from foresight.scorer import LearnedPolicy
 from foresight.config import EvictionSettings
-from foresight.selection import candidate_window, window_logits, window_set_logprob
+from foresight.selection import candidate_window, window_draw_logprobs, window_logits, window_set_logprob
 from foresight.trace_data import load_traces
 from foresight.training import check_traces_model, finish_run, full_state_dict, optimizer_step, progress_bar, \
     resumed_extra, run_identity, save_progress, setup_training, split_traces, summary_writer, train_plan
@@ -60,10 +67,10 @@ def group_advantage(r: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 def clipped_objective(lp_new, lp_old, lp_ref, adv, clip_eps: float, beta: float, n_actions: int = 1):
     """Per-row loss terms (to be averaged): lp_* [..., G, ...] broadcastable with adv. Returns (loss, stats).
 
-    ``n_actions``: evictions in each row's action set; log-ratios are taken per eviction (divided by it, the
-    analogue of GRPO's per-token ratios), since the ratio of a whole set of L = 64..256 draws leaves [1−ε, 1+ε]
-    after any update. Log-ratios are clamped to ±20 so that an action outside the current Top-2L window
-    (log-prob NEG) cannot make the objective infinite."""
+    ``n_actions``: evictions in each row's action set when ``lp_*`` are set log-probabilities (``grpo.ratio=set``:
+    the log-ratio is shared out over them); 1 when they are per-draw already (``ratio=draw``). Log-ratios are
+    clamped to ±20 so that an action outside the current Top-2L window (log-prob NEG) cannot make the objective
+    infinite."""
     ratio = torch.exp(((lp_new - lp_old) / n_actions).clamp(-20.0, 20.0))
     surr = torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)
     d = ((lp_ref - lp_new) / n_actions).clamp(-20.0, 20.0)
@@ -73,43 +80,63 @@ def clipped_objective(lp_new, lp_old, lp_ref, adv, clip_eps: float, beta: float,
     return loss, {"kl": kl.mean().item(), "clip_frac": clipped.item(), "ratio": ratio.mean().item()}
 
 
+def action_logprob(scores, win, evictable, pos, temperature: float, ratio: str) -> torch.Tensor:
+    """log π of the drawn action on the window ``win``: the set's ([...]) under ``ratio=set``, each draw's
+    ([..., L]) under ``ratio=draw``."""
+    z = window_logits(scores, win, evictable, temperature)
+    return window_draw_logprobs(z, pos) if ratio == "draw" else window_set_logprob(z, pos)
+
+
 def step_objective(bank, ref, s: dict, adv: torch.Tensor, grpo_cfg):
     """One recorded step's clipped objective with KL to ``ref``, and its KL and clip fraction (as tensors)."""
     phi = bank(s["x"])
     with torch.no_grad():
         phi_ref = ref(s["x"])
-    lp_new = window_set_logprob(window_logits(phi, s["win"], s["evictable"], grpo_cfg.temperature), s["pos"])
-    lp_ref = window_set_logprob(window_logits(phi_ref, s["win"], s["evictable"], grpo_cfg.temperature), s["pos"])
-    loss, st = clipped_objective(lp_new, s["lp_old"], lp_ref, adv.view(1, -1, 1), grpo_cfg.clip_eps, grpo_cfg.beta,
-                                 n_actions=s["pos"].shape[-1])
+    args = (s["win"], s["evictable"], s["pos"], grpo_cfg.temperature, grpo_cfg.ratio)
+    lp_new, lp_ref = action_logprob(phi, *args), action_logprob(phi_ref, *args)
+    per_draw = grpo_cfg.ratio == "draw"
+    loss, st = clipped_objective(lp_new, s["lp_old"], lp_ref, adv.view(1, -1, 1, *((1,) if per_draw else ())),
+                                 grpo_cfg.clip_eps, grpo_cfg.beta, n_actions=1 if per_draw else s["pos"].shape[-1])
     return loss, torch.tensor(st["kl"]), torch.tensor(st["clip_frac"])
+
+
+def evicted_overlap(tokens: torch.Tensor) -> float:
+    """Mean share of one trajectory's evicted tokens that another trajectory of the group evicted too, over
+    pairs, layers and heads: ``tokens`` [nl, G, h, L]. 1.0 = the group drew the same sets (no exploration)."""
+    e = tokens.movedim(1, 0)  # [G, nl, h, L]
+    G = e.shape[0]
+    same = (e[:, None, ..., :, None] == e[None, :, ..., None, :]).any(-1).float().mean((-1, -2, -3))  # [G, G]
+    return ((same.sum() - same.diagonal().sum()) / (G * (G - 1))).item()
 
 
 @torch.no_grad()
 def group_rollout(model, bank, ids: torch.Tensor, G: int, settings: EvictionSettings, temperature: float, generator,
-                  prompt_len: int):
+                  prompt_len: int, ratio: str = "set"):
     """One teacher-forced pass with G trajectories sampled (Top-2L at ``temperature``) under ``settings``; returns
-    (per-token losses [G,S], steps).
+    (per-token losses [G,S], steps, mean evicted-token overlap between the trajectories).
 
     Each step keeps the scorer inputs of the behaviour policy's Top-2L window only ([nl, G, h, 2L, D]: all the
-    objective reads, since the window is held fixed), with ``win`` the window's own positions ``0..2L-1`` and
-    ``evictable`` gathered to it, so that memory grows with 2L, not with B + L."""
-    steps = []
+    objective reads, since the window is held fixed), with ``win`` the window's own positions ``0..2L-1``,
+    ``evictable`` gathered to it and ``pos`` the draws' window positions in draw order, so that memory grows with
+    2L, not with B + L."""
+    steps, overlaps = [], []
 
     def rec(st):
         x = bank.inputs(st["view"])
         k = st["chosen"].shape[-1]
         win, _ = candidate_window(st["scores"], st["evictable"], k)  # the behaviour policy's Top-2L window
         pos = (st["chosen"].unsqueeze(-1) == win.unsqueeze(-2)).float().argmax(-1)
-        lp = window_set_logprob(window_logits(st["scores"], win, st["evictable"], temperature), pos)
-        x_win = x.gather(-2, win.unsqueeze(-1).expand(*win.shape, x.shape[-1]))
+        evictable = st["evictable"].gather(-1, win)
         local = torch.arange(win.shape[-1], device=win.device).expand_as(win)
-        steps.append({"x": x_win, "win": local, "pos": pos, "evictable": st["evictable"].gather(-1, win), "lp_old": lp})
+        lp = action_logprob(st["scores"].gather(-1, win), local, evictable, pos, temperature, ratio)
+        x_win = x.gather(-2, win.unsqueeze(-1).expand(*win.shape, x.shape[-1]))
+        steps.append({"x": x_win, "win": local, "pos": pos, "evictable": evictable, "lp_old": lp})
+        overlaps.append(evicted_overlap(st["token"].gather(-1, st["chosen"])))
 
     sampled = settings.replace(selection="sample", temperature=temperature)
     res = rollout(model, ids.expand(G, -1), LearnedPolicy(bank), sampled, prompt_len=prompt_len, generator=generator,
                   recorder=rec)
-    return res, steps
+    return res, steps, sum(overlaps) / max(len(overlaps), 1)
 
 
 def first_scored_token(settings: EvictionSettings, prompt_len: int) -> int:
@@ -191,17 +218,18 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
             slot = rank + j * world  # the trace's place in the global batch: sampling does not depend on world size
             gen = torch.Generator(device=device).manual_seed(grpo_cfg.seed * 7919 + step * 131 + slot)
             bank.eval()
-            res, steps = group_rollout(model, bank, ids, grpo_cfg.group, settings, grpo_cfg.temperature, gen, row["prompt_len"])
+            res, steps, overlap = group_rollout(model, bank, ids, grpo_cfg.group, settings, grpo_cfg.temperature, gen,
+                                                row["prompt_len"], grpo_cfg.ratio)
             r = compute_reward(res.token_loss, torch.tensor(row["token_loss"], device=device),
                                torch.tensor(row["token_entropy"], device=device),
                                first_scored_token(settings, row["prompt_len"]), grpo_cfg.eta,
                                grpo_cfg.low_entropy_share, grpo_cfg.normalise)
-            groups.append((steps, r, group_advantage(r)))
+            groups.append((steps, r, group_advantage(r), overlap))
         bank.train()
         stats = {}
         for _ in range(grpo_cfg.epochs):
             losses, kls, clips = [], [], []
-            for steps, r, adv in groups:
+            for steps, r, adv, _ in groups:
                 if not steps:
                     continue
                 trace_losses = []
@@ -221,7 +249,11 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
         sched.step()
         rewards = torch.cat([x[1] for x in groups])
         stats.update({"reward_mean": rewards.mean().item(), "reward_std": rewards.std().item() if len(rewards) > 1 else 0.0,
-                      "adv_abs": torch.cat([x[2] for x in groups]).abs().mean().item(), "lr": opt.param_groups[0]["lr"]})
+                      "adv_abs": torch.cat([x[2] for x in groups]).abs().mean().item(), "lr": opt.param_groups[0]["lr"],
+                      # exploration: how alike the group's eviction sets are, and groups whose rewards are all equal
+                      # (zero advantage: only the KL term moves the scorers on them)
+                      "group_overlap": sum(x[3] for x in groups) / len(groups),
+                      "flat_groups": sum(float(x[1].std() < 1e-8) for x in groups) / len(groups)})
         hist.append(stats)
         if writer is not None:
             for k, v in stats.items():

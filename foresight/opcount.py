@@ -149,11 +149,34 @@ class _RecordingsCountOnce:
         Recording.record, Recording.replay = self._saved
 
 
-def _host_ops(run) -> int:
-    """Operations ``run()`` dispatches on the host, a recording or replay counting as one."""
+def _host_ops(run, syncs: bool = False):
+    """Operations ``run()`` dispatches on the host, a recording or replay counting as one; with ``syncs``, also
+    how many of them wait for the device (:data:`foresight.static_step.SYNC_OPS`: on a GPU each stalls the launch
+    queue)."""
+    from foresight.static_step import SYNC_OPS
+
     with _RecordingsCountOnce() as rec, OpCounter() as c:
         run()
-    return c.ops + rec.calls
+    if not syncs:
+        return c.ops + rec.calls
+    return c.ops + rec.calls, sum(n for name, n in c.by_name.items() if name.split(".")[1] in SYNC_OPS)
+
+
+class _AcceleratorEosChecks:
+    """Within this block generation checks for EOS as it does on an accelerator (every EOS_CHECK_EVERY tokens, not
+    at every token as on a CPU), so that counts made on a CPU are a GPU's."""
+
+    def __enter__(self):
+        from foresight import generate
+
+        self._saved = generate.eos_check_interval
+        generate.eos_check_interval = lambda device: generate.EOS_CHECK_EVERY
+        return self
+
+    def __exit__(self, *exc):
+        from foresight import generate
+
+        generate.eos_check_interval = self._saved
 
 
 @torch.no_grad()
@@ -181,20 +204,26 @@ def decode_ops(policy: str, model=None, batch: int = 1, prompt: int = 320, new_t
     """Operations the host dispatches per generated token (prefill excluded; evictions amortised): eager decoding
     against the static step recorded as a graph (``generate(step="graph")``), where a step's own operations are
     one replay (on a GPU: one launch) and the host runs only what lies between steps (sampling, positions, the
-    eviction every L tokens)."""
-    from foresight.generate import generate
+    eviction every L tokens); and how many of them are host syncs. Decoding has an EOS token (never drawn: it lies
+    outside the vocabulary) checked as on an accelerator."""
+    from foresight.generate import Decoding, generate
 
     model = model or reference_model()
     ids = torch.randint(10, model.config.vocab_size, (batch, prompt), generator=torch.Generator().manual_seed(0))
     settings = EvictionSettings(budget=B, interval=L)
+    decoding = Decoding(eos_token_id=model.config.vocab_size)
 
-    def count(step: str, tokens: int) -> int:
-        return _host_ops(lambda: generate(model, ids, max_new_tokens=tokens, policy=policy_for(policy, model),
-                                          settings=settings, generator=torch.Generator().manual_seed(0), step=step))
+    def count(step: str, tokens: int):
+        with _AcceleratorEosChecks():
+            return _host_ops(lambda: generate(model, ids, max_new_tokens=tokens, policy=policy_for(policy, model),
+                                              settings=settings, decoding=decoding,
+                                              generator=torch.Generator().manual_seed(0), step=step), syncs=True)
 
     res = {"policy": policy, "batch": batch, "B": B, "L": L, "tokens": new_tokens - 1}
     for step in ("eager", "graph"):
-        res[f"{step}_per_token"] = round((count(step, new_tokens) - count(step, 1)) / (new_tokens - 1), 1)
+        (ops, syncs), (ops1, syncs1) = count(step, new_tokens), count(step, 1)
+        res[f"{step}_per_token"] = round((ops - ops1) / (new_tokens - 1), 1)
+        res[f"{step}_syncs_per_token"] = round((syncs - syncs1) / (new_tokens - 1), 2)
     return res
 
 
@@ -219,8 +248,9 @@ def table(res: dict) -> str:
     lines += [f"| {r['policy']} | {r['eager_per_chunk_layer']} | {r['recorded_per_chunk_layer']} |"
               for r in res.get("recorded", [])]
     lines += ["", "| policy | ops per generated token, eager decoding | recorded step (`step=\"graph\"`: one replay + the "
-              "host's work between steps) |", "|---|---|---|"]
-    lines += [f"| {r['policy']} | {r['eager_per_token']} | {r['graph_per_token']} |" for r in res.get("decode", [])]
+              "host's work between steps) | host syncs per token, eager · recorded |", "|---|---|---|---|"]
+    lines += [f"| {r['policy']} | {r['eager_per_token']} | {r['graph_per_token']} | {r['eager_syncs_per_token']} · "
+              f"{r['graph_syncs_per_token']} |" for r in res.get("decode", [])]
     return "\n".join(lines)
 
 

@@ -8,7 +8,8 @@
 Log-probabilities (needed by GRPO):
 
 * :func:`ordered_logprob` — log P of the drawn *sequence* under Plackett–Luce:
-  ``Σ_i [z_{σ_i} − logsumexp_{j ∉ {σ_1..σ_{i−1}}} z_j]`` with ``z = score/τ`` restricted to the 2L candidates.
+  ``Σ_i [z_{σ_i} − logsumexp_{j ∉ {σ_1..σ_{i−1}}} z_j]`` with ``z = score/τ`` restricted to the 2L candidates
+  (:func:`window_draw_logprobs`: its terms, one per draw; the sampler returns its draws in draw order).
 * :func:`set_logprob` — log P of the drawn *set* (order ignored), the probability of the action the MDP
   actually takes. With weights ``w = exp(z)``, draws without replacement are an exponential race (item i
   arrives at ``E_i ~ Exp(w_i)``); the first k arrivals are the set S iff all of S arrive before the first of
@@ -121,15 +122,22 @@ def ordered_logprob(scores, evictable, chosen, temperature: float = 1.0) -> torc
     """log P(the ordered draw ``chosen`` [..., k]) under the Top-2L Plackett–Luce sampler."""
     k = chosen.shape[-1]
     z, pos, inside = _window_logits(scores, evictable, chosen, k, temperature)
-    zc = z.gather(-1, pos)  # [..., k]
-    m = z.shape[-1]
-    # remaining mass before draw i: logsumexp over the window minus the items drawn before i
-    taken = torch.zeros(z.shape[:-1] + (k, m), dtype=torch.bool, device=z.device)
-    onehot = torch.nn.functional.one_hot(pos, m).bool()  # [..., k, m]
-    taken[..., 1:, :] = onehot[..., :-1, :].cumsum(-2).bool()
-    denom = torch.logsumexp(z.unsqueeze(-2).masked_fill(taken, float("-inf")), dim=-1)
-    lp = (zc - denom).sum(-1)
+    lp = window_draw_logprobs(z, pos).sum(-1)
     return torch.where(inside.all(-1), lp, torch.full_like(lp, NEG))
+
+
+def window_draw_logprobs(z: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """[..., k]: log P(draw i | draws 1..i−1) of the ordered draw of window positions ``pos`` [..., k] under
+    Plackett–Luce over window logits ``z`` [..., m] (-inf: an empty slot), i.e. ``z_{σ_i} − logsumexp`` over the
+    window minus the earlier draws. Their sum is the ordered sequence's log-probability; GRPO's per-draw ratios
+    (``grpo.ratio=draw``) are taken on each term, like the per-token ratios of language-model GRPO."""
+    k, m = pos.shape[-1], z.shape[-1]
+    zc = z.gather(-1, pos)  # [..., k]
+    onehot = torch.nn.functional.one_hot(pos, m).bool()  # [..., k, m]
+    taken = torch.zeros(z.shape[:-1] + (k, m), dtype=torch.bool, device=z.device)
+    taken[..., 1:, :] = onehot[..., :-1, :].cumsum(-2).bool()  # drawn before draw i
+    denom = torch.logsumexp(z.unsqueeze(-2).masked_fill(taken, float("-inf")), dim=-1)
+    return zc - denom
 
 
 def set_logprob(scores, evictable, chosen, temperature: float = 1.0, grid: int = 512) -> torch.Tensor:

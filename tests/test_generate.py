@@ -1,5 +1,7 @@
 """Generation's sampling and length control: the top-k draw, ``min_tokens``, the preallocated full cache."""
 
+import dataclasses
+
 import torch
 
 from foresight.generate import Decoding, filter_logits, generate, sample_tokens
@@ -53,3 +55,35 @@ def test_full_cache_generation_is_preallocated_and_equals_the_growing_cache(qwen
     assert isinstance(out.cache, StaticCache)
     ref = qwen3.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False)  # transformers' DynamicCache
     assert torch.equal(out.sequences, ref)
+
+
+def test_checking_for_eos_every_few_tokens_returns_what_a_check_per_token_returns(qwen3, monkeypatch):
+    """On an accelerator generation asks whether every row has stopped only every EOS_CHECK_EVERY tokens (the
+    question is a host sync); the steps it runs past the last EOS are trimmed, so sequences and log-probabilities
+    are those of a check at every token (the CPU's), with a bounded cache or the full one."""
+    import foresight.generate as gen_mod
+    from foresight.config import EvictionSettings
+    from foresight.policies import make_policy
+
+    ids = torch.randint(8, 170, (1, 10), generator=torch.Generator().manual_seed(3)).expand(3, -1)
+    dec = Decoding(do_sample=True, top_k=4)
+
+    def run(decoding, **kw):  # each row sampled by its own generator: its tokens do not depend on the others'
+        gens = [torch.Generator().manual_seed(100 + i) for i in range(3)]
+        return generate(qwen3, ids, max_new_tokens=30, decoding=decoding, row_generators=gens, **kw)
+
+    free = [row.tolist() for row in run(dec).new_tokens]
+    firsts = {t: [row.index(t) + 1 for row in free] for t in set(free[0]) & set(free[1]) & set(free[2])}
+    # a token every row draws, first at three different steps, the last of them between two checks of every 7
+    eos, stops = next((t, f) for t, f in sorted(firsts.items()) if len(set(f)) == 3 and max(f) % 7 and max(f) < 30)
+    for kw in ({}, {"policy": make_policy("h2o"), "settings": EvictionSettings(budget=16, interval=4)}):
+        decoding = dataclasses.replace(dec, eos_token_id=eos)
+        per_token = run(decoding, **kw)
+        monkeypatch.setattr(gen_mod, "eos_check_interval", lambda device: 7)
+        sparse = run(decoding, **kw)
+        monkeypatch.undo()
+        if not kw:
+            assert [row.index(eos) + 1 for row in per_token.new_tokens.tolist()] == stops
+            assert per_token.new_tokens.shape[1] == max(stops)
+        assert torch.equal(sparse.sequences, per_token.sequences)
+        assert torch.equal(sparse.logprobs, per_token.logprobs)

@@ -158,20 +158,60 @@ def test_objective_stays_finite_when_an_action_leaves_the_sampling_window():
     assert torch.isfinite(loss) and torch.isfinite(x.grad).all() and st["kl"] < float("inf")
 
 
-def test_a_group_step_keeps_only_the_window_and_its_log_probability_is_the_behaviour_policy_s(qwen3):
+@pytest.mark.parametrize("ratio", ["set", "draw"])
+def test_a_group_step_keeps_only_the_window_and_its_log_probability_is_the_behaviour_policy_s(qwen3, ratio):
     """group_rollout stores the scorer inputs of the Top-2L window alone; the objective's log-probability from them
-    equals the sampler's own (ratio 1 before any update)."""
+    equals the sampler's own (ratio 1 before any update): the set's, or each draw's in draw order."""
     from foresight.config import EvictionSettings
     from foresight.grpo import group_rollout
     from foresight.scorer import bank_for_model
-    from foresight.selection import window_logits, window_set_logprob
+    from foresight.selection import window_draw_logprobs, window_logits, window_set_logprob
 
     bank = bank_for_model(qwen3, hidden=8, seed=1)
     settings = EvictionSettings(budget=24, interval=8)
     ids = torch.randint(8, 170, (1, 90))
-    _, steps = group_rollout(qwen3, bank, ids, 4, settings, 0.05, torch.Generator().manual_seed(0), prompt_len=0)
-    assert steps
+    _, steps, overlap = group_rollout(qwen3, bank, ids, 4, settings, 0.05, torch.Generator().manual_seed(0),
+                                      prompt_len=0, ratio=ratio)
+    assert steps and 0.0 <= overlap < 1.0  # at T=0.05 a random scorer's group does not draw identical sets
     for s in steps:
         assert s["x"].shape[-2] == 2 * settings.interval < settings.budget + settings.interval  # the window only
-        lp = window_set_logprob(window_logits(bank(s["x"]), s["win"], s["evictable"], 0.05), s["pos"])
+        z = window_logits(bank(s["x"]), s["win"], s["evictable"], 0.05)
+        if ratio == "draw":
+            lp = window_draw_logprobs(z, s["pos"])
+            assert lp.shape == s["pos"].shape and (lp <= 0).all()
+            # the draws' terms sum to the ordered sequence's log-probability, which is below the set's
+            assert (lp.sum(-1) < window_set_logprob(z, s["pos"]) + 1e-4).all()
+        else:
+            lp = window_set_logprob(z, s["pos"])
         assert torch.allclose(lp, s["lp_old"], atol=1e-4)
+
+
+def test_evicted_overlap_measures_how_alike_a_group_s_eviction_sets_are():
+    from foresight.grpo import evicted_overlap
+
+    same = torch.arange(6).view(1, 1, 1, 6).expand(2, 4, 3, 6)  # [nl, G, h, L]: every trajectory evicts 0..5
+    assert evicted_overlap(same) == 1.0
+    disjoint = (torch.arange(4).view(1, 4, 1, 1) * 10 + torch.arange(6)).expand(2, 4, 3, 6)
+    assert evicted_overlap(disjoint) == 0.0
+    half = disjoint.clone()
+    half[:, :, :, :3] = torch.arange(3)  # all share 3 of their 6
+    assert abs(evicted_overlap(half) - 0.5) < 1e-6
+
+
+def test_per_draw_ratios_clip_what_the_per_set_ratio_lets_through():
+    """The probe's failure: a set whose log-probability rose by 3 over L = 32 draws has a per-set ratio e^(3/32),
+    inside [0.8, 1.2], so nothing is clipped; when the rise is in 4 draws (0.75 each), those 4 draws' ratios
+    (e^0.75) leave the clip range under ``ratio=draw`` and their gradient stops."""
+    L = 32
+    lp_old = torch.full((1, L), -2.0)
+    delta = torch.zeros(1, L)
+    delta[0, :4] = 0.75
+    adv = torch.ones(1, 1)
+    x = (lp_old + delta).requires_grad_(True)
+    loss, st = clipped_objective(x.sum(-1), lp_old.sum(-1), lp_old.sum(-1), adv.view(1), 0.2, 0.0, n_actions=L)
+    assert st["clip_frac"] == 0.0
+    y = (lp_old + delta).requires_grad_(True)
+    loss, st = clipped_objective(y, lp_old, lp_old, adv, 0.2, 0.0)
+    loss.backward()
+    assert st["clip_frac"] == 4 / L
+    assert (y.grad[0, :4] == 0).all() and (y.grad[0, 4:] < 0).all()  # clipped draws carry no gradient
