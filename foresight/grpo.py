@@ -148,7 +148,8 @@ def first_scored_token(settings: EvictionSettings, prompt_len: int) -> int:
 @torch.no_grad()
 def validate(model, bank, ds, idx, settings: EvictionSettings, grpo_cfg, seed: int = 0) -> dict:
     """Deterministic (top-L) eviction on the held-out traces ``idx``: the loss ratio (Σ evicted / Σ full loss after
-    the prompt) and the mean reward, each with a 95% bootstrap interval over the traces (``*_lo``, ``*_hi``)."""
+    the prompt) and the mean reward, each with a 95% bootstrap interval over the traces (``*_lo``, ``*_hi``), and
+    ``per_trace`` (each trace's evicted and full loss: what :func:`change_since_start` pairs)."""
     from foresight.report import bootstrap_ci
 
     settings = settings.replace(selection="topk")
@@ -168,7 +169,27 @@ def validate(model, bank, ds, idx, settings: EvictionSettings, grpo_cfg, seed: i
     for name, ci in (("val_loss_ratio", bootstrap_ci(evicted, full, seed)), ("val_reward", bootstrap_ci(rewards, None, seed))):
         if ci is not None:
             out[f"{name}_lo"], out[f"{name}_hi"] = ci
+    out["per_trace"] = {"evicted_loss": evicted, "full_loss": full}
     return out
+
+
+def change_since_start(val: dict, start: dict | None, seed: int = 0) -> dict:
+    """The held-out loss ratio's change since the SFT start, with the 95% interval of a *paired* bootstrap over the
+    same traces (trace difficulty cancels: a change far smaller than either interval shows). Empty without a
+    start that kept its traces (a run resumed from an older checkpoint)."""
+    from foresight.report import paired_ratio_diff_ci
+
+    if not start or "per_trace" not in start:
+        return {}
+    out = {"val_loss_ratio_change": val["val_loss_ratio"] - start["val_loss_ratio"]}
+    ci = paired_ratio_diff_ci(val["per_trace"], start["per_trace"], seed)
+    if ci is not None:
+        out["val_loss_ratio_change_lo"], out["val_loss_ratio_change_hi"] = ci
+    return out
+
+
+def scalars(val: dict) -> dict:
+    return {k: v for k, v in val.items() if k != "per_trace"}
 
 
 @locks_output("grpo")
@@ -262,10 +283,12 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
         if val_idx and ((step + 1) % plan.ckpt_every == 0 or step + 1 == plan.steps):
             # on every rank (ZeRO-3's partitioned scorers gather in each forward), before the checkpoint: a resumed
             # run's curve keeps this point
-            stats.update(validate(model, bank, ds, val_idx, settings, grpo_cfg))
+            val = validate(model, bank, ds, val_idx, settings, grpo_cfg)
+            stats.update({**scalars(val), **change_since_start(val, first_val)})
             if writer is not None:
-                for k in ("val_loss_ratio", "val_reward"):
-                    writer.add_scalar(f"grpo/{k}", stats[k], step)
+                for k in ("val_loss_ratio", "val_reward", "val_loss_ratio_change"):
+                    if k in stats:
+                        writer.add_scalar(f"grpo/{k}", stats[k], step)
         save_progress(step, plan, bank, opt, sched, engine, ckpt, rank,  # every rank (ZeRO-3 gathers)
                       extra={"first_val": first_val, "last": stats, "history": hist})
     metrics = {"steps": grpo_cfg.steps, "group": grpo_cfg.group, "val_traces": len(val_idx),
@@ -274,10 +297,14 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
         metrics["last_reward_mean"] = round(hist[-1]["reward_mean"], 5)
         metrics["history"] = [{k: round(v, 6) for k, v in h.items()} for h in hist]  # per step: reward, KL, clipping
     if val_idx:
-        final = hist[-1] if hist and "val_reward" in hist[-1] else validate(model, bank, ds, val_idx, settings, grpo_cfg)
+        if hist and "val_reward" in hist[-1]:
+            final = hist[-1]
+        else:
+            val = validate(model, bank, ds, val_idx, settings, grpo_cfg)
+            final = {**scalars(val), **change_since_start(val, first_val)}
         metrics.update({k: round(v, 5) for k, v in final.items() if k.startswith("val_")})
         if first_val:
-            metrics.update({f"sft_{k}": round(v, 5) for k, v in first_val.items()})
+            metrics.update({f"sft_{k}": round(v, 5) for k, v in scalars(first_val).items()})
     finish_run(out, rank, world, full_state_dict(bank, engine), bank, model, recipe, "grpo", metrics,
                {"training_data": str(traces_dir), "init": str(init), "recipe": recipe.to_dict()}, writer, log)
     return bank, metrics

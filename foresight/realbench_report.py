@@ -121,12 +121,14 @@ def _val(h: dict, key: str, nd: int = 4) -> str:
 def grpo_section(metrics: dict | None) -> str:
     if not metrics or not metrics.get("history"):
         return "GRPO did not run.\n"
-    lines = ["| step | reward mean | reward std | |advantage| | KL to SFT | clip fraction | held-out loss ratio [95% CI] | "
-             "held-out reward [95% CI] |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| step | reward mean | reward std | |advantage| | groups without reward spread | evicted-set overlap "
+             "in a group | KL to SFT | clip fraction | held-out loss ratio [95% CI] | its change since SFT [paired 95% CI] | "
+             "held-out reward [95% CI] |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for i, h in enumerate(metrics["history"]):
         lines.append(f"| {i + 1} | {fmt(h.get('reward_mean'), 4)} | {fmt(h.get('reward_std'), 4)} | "
-                     f"{fmt(h.get('adv_abs'), 3)} | {fmt(h.get('kl'), 5)} | {fmt(h.get('clip_frac'), 3)} | "
-                     f"{_val(h, 'val_loss_ratio')} | {_val(h, 'val_reward')} |")
+                     f"{fmt(h.get('adv_abs'), 3)} | {fmt(h.get('flat_groups'), 2)} | {fmt(h.get('group_overlap'), 3)} | "
+                     f"{fmt(h.get('kl'), 5)} | {fmt(h.get('clip_frac'), 3)} | {_val(h, 'val_loss_ratio')} | "
+                     f"{_val(h, 'val_loss_ratio_change')} | {_val(h, 'val_reward')} |")
     sft = {k[4:]: v for k, v in metrics.items() if k.startswith("sft_val_")}
     n = f"{metrics['val_traces']} " if metrics.get("val_traces") else ""
     before = (f"\nHeld-out training traces ({n}traces GRPO never trains on, top-L eviction) before GRPO, i.e. the SFT "

@@ -65,7 +65,7 @@ def test_loss_and_entropy_agree_with_trl_utilities():
 
 
 def test_grpo_runs_checkpoints_and_resumes(tiny_model_dir, tmp_path):
-    r = load_recipe("recipes/tiny-qwen3.yaml", [f"model.path={tiny_model_dir}", *SETS])
+    r = load_recipe("recipes/tiny-qwen3.yaml", [f"model.path={tiny_model_dir}", *SETS, "grpo.ratio=draw"])
     tdir = tmp_path / "traces"
     traces.make_traces(r, tdir, progress=False, log=lambda *_: None)
     train_sft(r, tdir, tmp_path / "sft", progress=False, log=lambda *_: None)
@@ -80,6 +80,10 @@ def test_grpo_runs_checkpoints_and_resumes(tiny_model_dir, tmp_path):
         for k in ("val_reward", "val_loss_ratio"):  # intervals are rounded to 4 digits
             assert h[f"{k}_lo"] - 1e-4 <= h[k] <= h[f"{k}_hi"] + 1e-4
     assert metrics["val_reward"] == round(hist[-1]["val_reward"], 5) and metrics["val_traces"] >= 1
+    for h in hist[1:]:  # the change since the SFT start, paired over the same held-out traces
+        assert abs(h["val_loss_ratio_change"] - (h["val_loss_ratio"] - metrics["sft_val_loss_ratio"])) < 1e-4
+        assert h["val_loss_ratio_change_lo"] - 1e-4 <= h["val_loss_ratio_change"] <= h["val_loss_ratio_change_hi"] + 1e-4
+    assert all(0 <= h["group_overlap"] <= 1 and 0 <= h["flat_groups"] <= 1 for h in hist)
     # the scorers moved away from the SFT start
     from foresight.checkpoint import load_scorer
 
@@ -96,6 +100,7 @@ def test_grpo_runs_checkpoints_and_resumes(tiny_model_dir, tmp_path):
     resumed, m2 = train_grpo(r, tdir, tmp_path / "sft", tmp_path / "grpo2", resume=True, progress=False,
                              log=lambda *_: None)
     assert "val_reward" in m2["history"][1]  # the point validated before the kill is in the resumed run's curve
+    assert "val_loss_ratio_change" in m2["history"][2]  # the start's per-trace losses survive the kill
     for k, v in bank.state_dict().items():
         assert torch.allclose(v, resumed.state_dict()[k], atol=1e-6), k
 
