@@ -16,9 +16,11 @@ block may be shorter):
   cache); the cache then follows these decisions, so the features seen along the golden trajectory are
   exactly what the engine produces at inference.
 
-Computation: one dense pass in chunks aligned to the blocks; inside the attention call, the chunk's
-queries attend to all keys so far (``[heads, L, S]`` at a time, never ``S × S``) and only the pooled rows
-``a_u`` are kept: ``n_blocks × kv_heads × S`` values per layer, i.e. ``kv_heads·S²/L``, which is within
+Computation: one dense pass in chunks aligned to the blocks, each as many blocks as keep its explicit scores
+under ``PROBS_LIMIT`` values on an accelerator (a single 16k-token trace of Qwen3-4B: 4 blocks of 128 per
+forward; one block on a CPU); inside the
+attention call, the chunk's queries attend to all keys so far (``[heads, q, S]`` at a time, never ``S × S``) and
+only the pooled rows ``a_u`` are kept: ``n_blocks × kv_heads × S`` values per layer, i.e. ``kv_heads·S²/L``, which is within
 ``O(heads · L · S)`` as long as ``S ≤ L²`` (32k tokens, L=256: 67 M values per layer). The suffix max over
 blocks is taken in place.
 """
@@ -56,22 +58,27 @@ class BlockPooler:
         return max(0, -(-(S - self.B) // self.L))
 
     def add(self, layer_idx: int, probs: torch.Tensor) -> None:
-        """probs: [b, Hq, q, k] post-softmax attention of the chunk's queries (positions pos..pos+q)."""
+        """probs: [b, Hq, q, k] post-softmax attention of the chunk's queries (positions pos..pos+q): a chunk at or
+        after the first block starts on a block boundary and covers one or more blocks (the last may be short)."""
         if self.pos < self.B:
             return
         b, hq, q, k = probs.shape
-        u = (self.pos - self.B) // self.L
-        h = self.a.shape[3]
+        u, L, h = (self.pos - self.B) // self.L, self.L, self.a.shape[3]
+        m = -(-q // L)  # blocks in this chunk
         p = probs.view(b, h, hq // h, q, k)
-        real = (self.pos + torch.arange(q, device=probs.device)) < self.length[:, None]  # [b, q]
+        real = (self.pos + torch.arange(m * L, device=probs.device)) < self.length[:, None]  # [b, m·L]
+        if q < m * L:  # the trace's last block, short: pad its queries (they are not real)
+            p = torch.nn.functional.pad(p, (0, 0, 0, m * L - q))
+        p = p.view(b, h, hq // h, m, L, k)
         if real.all():
-            pooled_q = p.mean(3) if self.pool == "mean" else p.amax(3)  # [b, h, g, k]
+            pooled_q = p.mean(4) if self.pool == "mean" else p.amax(4)  # [b, h, g, m, k]
         elif self.pool == "mean":
-            w = real.to(p.dtype)[:, None, None, :, None]
-            pooled_q = (p * w).sum(3) / w.sum(3).clamp(min=1)
+            w = real.view(b, m, L).to(p.dtype)[:, None, None, :, :, None]
+            pooled_q = (p * w).sum(4) / w.sum(4).clamp(min=1)
         else:
-            pooled_q = p.masked_fill(~real[:, None, None, :, None], 0.0).amax(3)
-        self.a[layer_idx, :, u, :, :k] = pool_group(pooled_q, self.pool)
+            pooled_q = p.masked_fill(~real.view(b, m, L)[:, None, None, :, :, None], 0.0).amax(4)
+        pooled = pool_group(pooled_q.movedim(3, 1), self.pool)  # [b, m, h, k]
+        self.a[layer_idx, :, u:u + m, :, :k] = pooled
 
     def future(self, row: int = 0) -> torch.Tensor:
         """Row ``row``'s F[t] = max over blocks u >= t + 1 of a_u, for t = 0..n_blocks-1 (zeros past the last
@@ -87,10 +94,24 @@ class BlockPooler:
         return [self.future(r) for r in range(len(self.lengths))]
 
 
-def rows_per_pass(model, interval: int, length: int, limit: int = 2**28) -> int:
+PROBS_LIMIT = 2**28  # values of a chunk's explicit attention scores ([rows, query heads, queries, keys], fp32)
+
+
+def rows_per_pass(model, interval: int, length: int, limit: int = PROBS_LIMIT) -> int:
     """How many traces one batched golden pass takes so that a chunk's explicit scores ([rows, query heads, L, S]
     fp32) stay under ``limit`` values."""
     return max(1, limit // (AttentionShape.of(model.config).q_heads * interval * max(length, 1)))
+
+
+def queries_per_chunk(rows: int, q_heads: int, length: int, interval: int, device: torch.device,
+                      limit: int = PROBS_LIMIT) -> int:
+    """Queries per forward of the golden pass. On an accelerator, the largest whole number of blocks (at least one,
+    L queries) whose explicit scores for ``rows`` traces of ``length`` tokens stay under ``limit`` values: a pass of
+    few rows runs several blocks per forward (fewer launches, each forward as large as a batched pass's). On a CPU
+    one block (L), where launches cost little and the scores' memory (``[rows, heads, L, S]``) is what counts."""
+    if device.type == "cpu":
+        return interval
+    return max(1, limit // (rows * q_heads * max(length, 1) * interval)) * interval
 
 
 @torch.no_grad()
@@ -109,11 +130,10 @@ def block_pooled_attention(model, input_ids: torch.Tensor, settings: EvictionSet
     shape = AttentionShape.of(model.config)
     pooler = BlockPooler(shape.num_layers, shape.kv_heads, lengths, start, interval, pool, input_ids.device)
     cache = DynamicCache()
-    s = 0
+    s, most = 0, queries_per_chunk(b, shape.q_heads, S, interval, input_ids.device)
     with attn_mod.pooling(pooler):
-        while s < S:
-            q = min(start - s, interval) if s < start else interval
-            q = min(q, S - s)
+        while s < S:  # chunks never straddle the first block's start; from there they cover whole blocks
+            q = min(start - s if s < start else most, most, S - s)
             pooler.pos = s
             model(input_ids=input_ids[:, s:s + q], cache=cache, use_cache=True)
             s += q

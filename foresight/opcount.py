@@ -162,21 +162,25 @@ def _host_ops(run, syncs: bool = False):
     return c.ops + rec.calls, sum(n for name, n in c.by_name.items() if name.split(".")[1] in SYNC_OPS)
 
 
-class _AcceleratorEosChecks:
-    """Within this block generation checks for EOS as it does on an accelerator (every EOS_CHECK_EVERY tokens, not
-    at every token as on a CPU), so that counts made on a CPU are a GPU's."""
+class _AsOnAccelerator:
+    """Within this block the engine's device-dependent choices are an accelerator's, so that counts made on a CPU
+    are a GPU's: generation checks for EOS every EOS_CHECK_EVERY tokens (a CPU: every token) and the golden pass
+    runs as many blocks per forward as its memory limit allows (a CPU: one)."""
 
     def __enter__(self):
-        from foresight import generate
+        from foresight import generate, golden
 
-        self._saved = generate.eos_check_interval
+        self._saved = generate.eos_check_interval, golden.queries_per_chunk
+        per_chunk = golden.queries_per_chunk
         generate.eos_check_interval = lambda device: generate.EOS_CHECK_EVERY
+        golden.queries_per_chunk = lambda rows, q_heads, length, interval, device: per_chunk(
+            rows, q_heads, length, interval, torch.device("cuda"))
         return self
 
     def __exit__(self, *exc):
-        from foresight import generate
+        from foresight import generate, golden
 
-        generate.eos_check_interval = self._saved
+        generate.eos_check_interval, golden.queries_per_chunk = self._saved
 
 
 @torch.no_grad()
@@ -214,7 +218,7 @@ def decode_ops(policy: str, model=None, batch: int = 1, prompt: int = 320, new_t
     decoding = Decoding(eos_token_id=model.config.vocab_size)
 
     def count(step: str, tokens: int):
-        with _AcceleratorEosChecks():
+        with _AsOnAccelerator():
             return _host_ops(lambda: generate(model, ids, max_new_tokens=tokens, policy=policy_for(policy, model),
                                               settings=settings, decoding=decoding,
                                               generator=torch.Generator().manual_seed(0), step=step), syncs=True)
@@ -227,12 +231,37 @@ def decode_ops(policy: str, model=None, batch: int = 1, prompt: int = 320, new_t
     return res
 
 
+@torch.no_grad()
+def golden_ops(model=None, S: int = 1024, B: int = 256, L: int = 64) -> dict:
+    """Operations of the golden labels' dense pooled pass per block of L queries, as a CPU runs it (one block per
+    forward) and as an accelerator does (as many blocks per forward as the explicit scores' memory limit allows),
+    against a plain chunked forward of L tokens at a time."""
+    from transformers import DynamicCache
+
+    from foresight.golden import block_pooled_attention
+
+    model = model or reference_model()
+    ids = torch.randint(10, model.config.vocab_size, (1, S), generator=torch.Generator().manual_seed(0))
+    settings = EvictionSettings(budget=B, interval=L)
+    blocks = S // L
+    with OpCounter() as plain:
+        cache = DynamicCache()
+        for s in range(0, S, L):
+            model(input_ids=ids[:, s:s + L], cache=cache, use_cache=True)
+    with OpCounter() as cpu:
+        block_pooled_attention(model, ids, settings)
+    with _AsOnAccelerator(), OpCounter() as acc:
+        block_pooled_attention(model, ids, settings)
+    return {"S": S, "B": B, "L": L, "plain_per_block": round(plain.ops / blocks, 1),
+            "cpu_per_block": round(cpu.ops / blocks, 1), "accelerator_per_block": round(acc.ops / blocks, 1)}
+
+
 def report(policies=("streamingllm", "h2o", "learned"), prompts=(1024, 4096)) -> dict:
     model = reference_model()
     return {"ops": [ops_per_chunk(p, model) for p in policies],
             "prefill": [prefill_largest(n, policy=p, model=model) for p in ("h2o", "learned") for n in prompts],
             "recorded": [recorded_rollout_ops(p, model) for p in policies],
-            "decode": [decode_ops(p, model) for p in policies]}
+            "decode": [decode_ops(p, model) for p in policies], "golden": golden_ops(model)}
 
 
 def table(res: dict) -> str:
@@ -251,6 +280,12 @@ def table(res: dict) -> str:
               "host's work between steps) | host syncs per token, eager · recorded |", "|---|---|---|---|"]
     lines += [f"| {r['policy']} | {r['eager_per_token']} | {r['graph_per_token']} | {r['eager_syncs_per_token']} · "
               f"{r['graph_syncs_per_token']} |" for r in res.get("decode", [])]
+    if res.get("golden"):
+        g = res["golden"]
+        lines += ["", "| golden labels' pooled pass, ops per block of L queries | one block per forward (CPU) | blocks "
+                  "per forward up to the memory limit (accelerator) | plain forward, L tokens at a time |",
+                  "|---|---|---|---|", f"| S={g['S']}, B={g['B']}, L={g['L']} | {g['cpu_per_block']} | "
+                  f"{g['accelerator_per_block']} | {g['plain_per_block']} |"]
     return "\n".join(lines)
 
 

@@ -1,6 +1,7 @@
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from conftest import eager_attentions
@@ -29,15 +30,29 @@ def dense_future(model, ids, B, L, pool):
     return torch.stack(out)
 
 
-def test_blockwise_future_scores_equal_dense_reference(qwen3):
-    ids = torch.randint(8, 170, (1, 77))  # last block is short (77 = 24 + 6*8 + 5)
+@pytest.fixture(params=[1, 4], ids=["one-block-chunks", "four-block-chunks"])
+def blocks_per_chunk(request, monkeypatch):
+    """The golden pass runs one block per forward on a CPU and several on an accelerator (as many as its memory
+    limit allows): both are checked here, the latter forced on the CPU."""
+    import foresight.golden as golden
+
+    if request.param > 1:
+        monkeypatch.setattr(golden, "queries_per_chunk", lambda rows, q_heads, length, interval, device:
+                            request.param * interval)
+    return request.param
+
+
+def test_blockwise_future_scores_equal_dense_reference(qwen3, blocks_per_chunk):
+    # the last block is short (77 = 24 + 6*8 + 5); with four blocks per forward the second chunk holds two whole
+    # blocks and the short one (53 = 32 + 21)
+    ids = torch.randint(8, 170, (1, 77))
     for pool in ("mean", "max"):
         pooler = block_pooled_attention(qwen3, ids, EvictionSettings(budget=24, interval=8), pool=pool)
         ref = dense_future(qwen3, ids, 24, 8, pool)
         assert torch.allclose(pooler.future(), ref, atol=1e-6), pool
 
 
-def test_batched_golden_labels_of_padded_traces_equal_one_by_one(qwen3):
+def test_batched_golden_labels_of_padded_traces_equal_one_by_one(qwen3, blocks_per_chunk):
     """Right-padded traces of different lengths in one pass: each row's future equals its own single pass (padding
     queries are left out of the block means, the short last blocks included)."""
     lengths = [77, 61, 90, 40]
