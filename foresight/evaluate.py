@@ -197,10 +197,28 @@ def finished_rows(out: Path, identity: dict) -> dict:
     return {(r["method"], r["budget"], r["interval"]): r for r in json.loads(results.read_text())}
 
 
+def eval_identity(recipe) -> dict:
+    """What of a recipe shapes an evaluation's rows: the model (not where or how its steps run), the task and the
+    references' sampling (``traces``), the cache's settings, ``eval``, KVpop's method settings and golden's pooling.
+    Training-only settings (``scorer``, the rest of ``sft``, ``grpo``) are left out: the scorers are checkpoints."""
+    d = recipe.to_dict()
+    keep = {k: d[k] for k in ("name", "task", "traces", "cache", "eval", "kvpop")}
+    return keep | {"model": {k: v for k, v in vars(recipe.model).items() if k not in ("device", "step")},
+                   "sft": {"golden_pool": recipe.sft.golden_pool}}
+
+
+def _within(new, old) -> bool:
+    """``new`` (a recipe identity) agrees with ``old`` on every field it has (an older run.json may hold more)."""
+    if isinstance(new, dict):
+        return isinstance(old, dict) and all(k in old and _within(v, old[k]) for k, v in new.items())
+    return new == old
+
+
 def extends(old: dict, new: dict) -> bool:
-    """Whether evaluation ``new`` contains evaluation ``old``: the same recipe, every method and budget of ``old``,
-    and ``old``'s scorer checkpoints first (so that the scorers' method names are unchanged)."""
-    return (old["recipe"] == new["recipe"] and set(old["methods"]) <= set(new["methods"])
+    """Whether evaluation ``new`` contains evaluation ``old``: the same recipe (as far as it shapes the rows:
+    :func:`eval_identity`), every method and budget of ``old``, and ``old``'s scorer checkpoints first (so that the
+    scorers' method names are unchanged)."""
+    return (_within(new["recipe"], old["recipe"]) and set(old["methods"]) <= set(new["methods"])
             and all(b in new["budgets"] for b in old["budgets"]) and new["scorers"][:len(old["scorers"])] == old["scorers"])
 
 
@@ -218,9 +236,7 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
     for B, L in budget_list:
         EvictionSettings(budget=B, interval=L).validate()
     method_names = check_names((methods or eval_cfg.methods).split(","))
-    identity = {"recipe": {k: v for k, v in recipe.to_dict().items() if k != "model"} | {
-                    "model": {k: v for k, v in vars(recipe.model).items() if k not in ("device", "step")}},
-                "methods": method_names, "budgets": budget_list,
+    identity = {"recipe": eval_identity(recipe), "methods": method_names, "budgets": budget_list,
                 "scorers": [[str(d), read_config(d).get("created")] for d in scorers]}
     done = finished_rows(out, identity)
     atomic.write_json(out / "run.json", identity, indent=1)

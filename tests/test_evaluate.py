@@ -88,6 +88,21 @@ def test_an_evaluation_extends_another_only_by_adding():
     assert not extends(old, old | {"scorers": [["grpo", "t2"], ["sft", "t1"]]})  # the scorers' names would change
     assert not extends(old, old | {"scorers": [["sft", "t0"]]})  # the same folder retrained
     assert not extends(old, old | {"recipe": {"a": 2}})
+    assert not extends(old, old | {"recipe": {"a": 1, "b": 0}})  # a field the old run did not record
+    # a run written when the identity held the whole recipe extends by what shapes the rows, as long as it agrees
+    assert extends(old | {"recipe": {"a": 1, "grpo": {"lr": 1e-3}}}, old)
+
+
+def test_training_settings_are_not_part_of_an_evaluation_s_identity():
+    """A GRPO or scorer setting changed after an evaluation (or a field added to them) does not make its folder
+    "another evaluation": the scorers are checkpoints; the references' sampling and the cache's settings do."""
+    from foresight.evaluate import eval_identity
+
+    base = eval_identity(load_recipe("recipes/tiny-qwen3.yaml"))
+    assert "grpo" not in base and "scorer" not in base and base["sft"] == {"golden_pool": "mean"}
+    assert eval_identity(load_recipe("recipes/tiny-qwen3.yaml", ["grpo.lr=0.1", "sft.steps=7", "scorer.hidden=64"])) == base
+    for changed in ("traces.temperature=0.3", "cache.sinks=2", "sft.golden_pool=max", "kvpop.window=8"):
+        assert eval_identity(load_recipe("recipes/tiny-qwen3.yaml", [changed])) != base, changed
 
 
 def _refs(model, lengths, prompt_len=6):
