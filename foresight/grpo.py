@@ -104,8 +104,12 @@ def evicted_overlap(tokens: torch.Tensor) -> float:
     """Mean share of one trajectory's evicted tokens that another trajectory of the group evicted too, over
     pairs, layers and heads: ``tokens`` [nl, G, h, L]. 1.0 = the group drew the same sets (no exploration)."""
     e = tokens.movedim(1, 0)  # [G, nl, h, L]
-    G = e.shape[0]
-    same = (e[:, None, ..., :, None] == e[None, :, ..., None, :]).any(-1).float().mean((-1, -2, -3))  # [G, G]
+    G, shape = e.shape[0], (e.shape[0], *e.shape)
+    mine = e.unsqueeze(1).expand(shape).contiguous()  # [g, g', ...]: g's tokens
+    theirs = e.sort(-1).values.unsqueeze(0).expand(shape).contiguous()  # [g, g', ...]: g''s, sorted
+    # membership by binary search: G²·L values per (layer, head), not the G²·L² of comparing every pair of tokens
+    at = torch.searchsorted(theirs, mine).clamp(max=e.shape[-1] - 1)
+    same = (theirs.gather(-1, at) == mine).float().mean((-1, -2, -3))  # [G, G]
     return ((same.sum() - same.diagonal().sum()) / (G * (G - 1))).item()
 
 

@@ -201,6 +201,11 @@ def test_evicted_overlap_measures_how_alike_a_group_s_eviction_sets_are():
     half = disjoint.clone()
     half[:, :, :, :3] = torch.arange(3)  # all share 3 of their 6
     assert abs(evicted_overlap(half) - 0.5) < 1e-6
+    g = torch.Generator().manual_seed(0)  # random sets: the binary search counts what comparing every pair counts
+    rand = torch.stack([torch.randperm(40, generator=g)[:6] for _ in range(2 * 4 * 3)]).view(2, 4, 3, 6)
+    e = rand.movedim(1, 0)
+    pairs = (e[:, None, ..., :, None] == e[None, :, ..., None, :]).any(-1).float().mean((-1, -2, -3))
+    assert abs(evicted_overlap(rand) - (pairs.sum() - pairs.diagonal().sum()).item() / 12) < 1e-6
 
 
 def test_per_draw_ratios_clip_what_the_per_set_ratio_lets_through():
