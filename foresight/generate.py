@@ -166,7 +166,8 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
             last_eos = torch.where(done, last_eos, torch.full_like(last_eos, len(new)))
             done = done | (tok == decoding.eos_token_id)
             if len(new) % check_every == 0 and bool(done.all()):
-                del new[int(last_eos.max()):], lps[int(last_eos.max()):]  # steps run after every row had stopped
+                stop = int(last_eos.max())
+                del new[stop:], lps[stop:]  # steps run after every row had stopped
                 break
         if len(new) == max_new_tokens:
             break

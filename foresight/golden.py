@@ -16,13 +16,12 @@ block may be shorter):
   cache); the cache then follows these decisions, so the features seen along the golden trajectory are
   exactly what the engine produces at inference.
 
-Computation: one dense pass in chunks aligned to the blocks, each as many blocks as keep its explicit scores
-under ``PROBS_LIMIT`` values on an accelerator (a single 16k-token trace of Qwen3-4B: 4 blocks of 128 per
-forward; one block on a CPU); inside the
-attention call, the chunk's queries attend to all keys so far (``[heads, q, S]`` at a time, never ``S × S``) and
-only the pooled rows ``a_u`` are kept: ``n_blocks × kv_heads × S`` values per layer, i.e. ``kv_heads·S²/L``, which is within
-``O(heads · L · S)`` as long as ``S ≤ L²`` (32k tokens, L=256: 67 M values per layer). The suffix max over
-blocks is taken in place.
+Computation: one dense pass in chunks aligned to the blocks — one block per forward on a CPU; on an
+accelerator as many blocks as keep the chunk's explicit scores under ``PROBS_LIMIT`` values (a single 16k-token
+trace of Qwen3-4B: 4 blocks of 128 per forward). Inside the attention call, the chunk's queries attend to all
+keys so far (``[heads, q, S]`` at a time, never ``S × S`` on a CPU) and only the pooled rows ``a_u`` are kept:
+``n_blocks × kv_heads × S`` values per layer, i.e. ``kv_heads·S²/L``, which is within ``O(heads · L · S)`` as
+long as ``S ≤ L²`` (32k tokens, L=256: 67 M values per layer). The suffix max over blocks is taken in place.
 """
 
 from __future__ import annotations
