@@ -77,7 +77,7 @@ def test_eval_writes_results_tables_and_plots_reproducibly(tiny_model_dir, tmp_p
 
 
 def test_an_evaluation_extends_another_only_by_adding():
-    from foresight.evaluate import extends
+    from foresight.eval_resume import extends
 
     old = {"recipe": {"a": 1}, "methods": ["h2o", "tova"], "budgets": [[12, 4]], "scorers": [["sft", "t1"]]}
     assert extends(old, old)
@@ -96,7 +96,7 @@ def test_an_evaluation_extends_another_only_by_adding():
 def test_training_settings_are_not_part_of_an_evaluation_s_identity():
     """A GRPO or scorer setting changed after an evaluation (or a field added to them) does not make its folder
     "another evaluation": the scorers are checkpoints; the references' sampling and the cache's settings do."""
-    from foresight.evaluate import eval_identity
+    from foresight.eval_resume import eval_identity
 
     base = eval_identity(load_recipe("recipes/tiny-qwen3.yaml"))
     assert "grpo" not in base and "scorer" not in base and base["sft"] == {"golden_pool": "mean"}

@@ -14,7 +14,7 @@ PRIMITIVES = {"config", "features", "selection", "shapes", "atomic", "handoff", 
 ENGINE = {"models", "rollout", "generate", "static_step", "recorded", "golden", "scorer", "policies", "kvpop.topk",
           "kvpop.target", "kvpop.scorers"}
 PLUMBING = {"training", "checkpoint", "plots", "methods", "references", "report", "styles", "completions", "golden_store",
-            "realbench_report"}
+            "eval_resume", "realbench_report"}
 STAGES = {"traces", "sft", "grpo", "kvpop.train", "evaluate"}
 ENTRY = {"", "cli", "__main__", "demo", "bench", "gpubench", "integrations", "kvpop", "opcount", "realbench"}
 LAYERS = [PRIMITIVES, ENGINE, PLUMBING, STAGES, ENTRY]

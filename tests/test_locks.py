@@ -66,3 +66,26 @@ def test_two_concurrent_traces_runs_into_one_folder(tiny_model_dir, tmp_path):
     refused = next(err for code, err in results if code == 2)
     assert "foresight: error" in refused and "in use by `foresight traces`" in refused
     assert len(load_traces(out)) == 8 and not (out / LOCK).exists()
+
+
+def test_an_evaluation_holds_its_folder_for_the_whole_run(tmp_path, monkeypatch):
+    """The evaluation holds its output folder while it runs, like every stage (the lock once guarded only the read of
+    the finished rows and was gone before the model loaded, so a second evaluation could run into the folder)."""
+    from foresight import evaluate
+    from foresight.config import load_recipe
+
+    d = tmp_path / "ev"
+
+    class Loaded(Exception):
+        pass
+
+    def load_model(*_a, **_k):
+        holder = json.loads((d / LOCK).read_text())
+        assert holder["pid"] == os.getpid() and holder["stage"] == "eval"
+        raise Loaded
+
+    monkeypatch.setattr(evaluate, "load_model", load_model)
+    with pytest.raises(Loaded):
+        evaluate.run_eval(load_recipe("recipes/tiny-qwen3.yaml"), d, methods="h2o", budgets="12:4", progress=False,
+                          log=lambda *_: None)
+    assert not (d / LOCK).exists()
