@@ -100,9 +100,10 @@ def step_objective(bank, ref, s: dict, adv: torch.Tensor, grpo_cfg):
     return loss, torch.tensor(st["kl"]), torch.tensor(st["clip_frac"])
 
 
-def evicted_overlap(tokens: torch.Tensor) -> float:
-    """Mean share of one trajectory's evicted tokens that another trajectory of the group evicted too, over
-    pairs, layers and heads: ``tokens`` [nl, G, h, L]. 1.0 = the group drew the same sets (no exploration)."""
+def evicted_overlap(tokens: torch.Tensor) -> torch.Tensor:
+    """Mean share (a 0-d tensor: read once per rollout, not a host sync per eviction) of one trajectory's evicted
+    tokens that another trajectory of the group evicted too, over pairs, layers and heads: ``tokens`` [nl, G, h, L].
+    1.0 = the group drew the same sets (no exploration)."""
     e = tokens.movedim(1, 0)  # [G, nl, h, L]
     G, shape = e.shape[0], (e.shape[0], *e.shape)
     mine = e.unsqueeze(1).expand(shape).contiguous()  # [g, g', ...]: g's tokens
@@ -110,7 +111,7 @@ def evicted_overlap(tokens: torch.Tensor) -> float:
     # membership by binary search: G²·L values per (layer, head), not the G²·L² of comparing every pair of tokens
     at = torch.searchsorted(theirs, mine).clamp(max=e.shape[-1] - 1)
     same = (theirs.gather(-1, at) == mine).float().mean((-1, -2, -3))  # [G, G]
-    return ((same.sum() - same.diagonal().sum()) / (G * (G - 1))).item()
+    return (same.sum() - same.diagonal().sum()) / (G * (G - 1))
 
 
 @torch.no_grad()
@@ -140,7 +141,7 @@ def group_rollout(model, bank, ids: torch.Tensor, G: int, settings: EvictionSett
     sampled = settings.replace(selection="sample", temperature=temperature)
     res = rollout(model, ids.expand(G, -1), LearnedPolicy(bank), sampled, prompt_len=prompt_len, generator=generator,
                   recorder=rec)
-    return res, steps, sum(overlaps) / max(len(overlaps), 1)
+    return res, steps, torch.stack(overlaps).mean().item() if overlaps else 0.0
 
 
 def first_scored_token(settings: EvictionSettings, prompt_len: int) -> int:
@@ -230,6 +231,11 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
     resumed = resumed_extra(ckpt) if start else {}  # a resumed run keeps what it measured before
     first_val = validate(model, bank, ds, val_idx, settings, grpo_cfg) if (val_idx and start == 0) else \
         resumed.get("first_val")
+
+    def validation_point() -> dict:  # the held-out figures now, and their change since the SFT start (paired)
+        val = validate(model, bank, ds, val_idx, settings, grpo_cfg)
+        return {**scalars(val), **change_since_start(val, first_val)}
+
     bar = progress_bar(start, grpo_cfg.steps, "grpo", progress, rank)
     t0 = time.time()
     hist = list(resumed.get("history", [])) or ([resumed["last"]] if resumed.get("last") else [])
@@ -287,8 +293,7 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
         if val_idx and ((step + 1) % plan.ckpt_every == 0 or step + 1 == plan.steps):
             # on every rank (ZeRO-3's partitioned scorers gather in each forward), before the checkpoint: a resumed
             # run's curve keeps this point
-            val = validate(model, bank, ds, val_idx, settings, grpo_cfg)
-            stats.update({**scalars(val), **change_since_start(val, first_val)})
+            stats.update(validation_point())
             if writer is not None:
                 for k in ("val_loss_ratio", "val_reward", "val_loss_ratio_change"):
                     if k in stats:
@@ -301,11 +306,7 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
         metrics["last_reward_mean"] = round(hist[-1]["reward_mean"], 5)
         metrics["history"] = [{k: round(v, 6) for k, v in h.items()} for h in hist]  # per step: reward, KL, clipping
     if val_idx:
-        if hist and "val_reward" in hist[-1]:
-            final = hist[-1]
-        else:
-            val = validate(model, bank, ds, val_idx, settings, grpo_cfg)
-            final = {**scalars(val), **change_since_start(val, first_val)}
+        final = hist[-1] if hist and "val_reward" in hist[-1] else validation_point()
         metrics.update({k: round(v, 5) for k, v in final.items() if k.startswith("val_")})
         if first_val:
             metrics.update({f"sft_{k}": round(v, 5) for k, v in scalars(first_val).items()})
