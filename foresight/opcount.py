@@ -149,16 +149,13 @@ class _RecordingsCountOnce:
         Recording.record, Recording.replay = self._saved
 
 
-def _host_ops(run, syncs: bool = False):
-    """Operations ``run()`` dispatches on the host, a recording or replay counting as one; with ``syncs``, also
-    how many of them wait for the device (:data:`foresight.static_step.SYNC_OPS`: on a GPU each stalls the launch
-    queue)."""
+def _host_ops(run) -> tuple[int, int]:
+    """Operations ``run()`` dispatches on the host, a recording or replay counting as one, and how many of them wait
+    for the device (:data:`foresight.static_step.SYNC_OPS`: on a GPU each stalls the launch queue)."""
     from foresight.static_step import SYNC_OPS
 
     with _RecordingsCountOnce() as rec, OpCounter() as c:
         run()
-    if not syncs:
-        return c.ops + rec.calls
     return c.ops + rec.calls, sum(n for name, n in c.by_name.items() if name.split(".")[1] in SYNC_OPS)
 
 
@@ -194,8 +191,10 @@ def recorded_rollout_ops(policy: str, model=None, S: int = 1024, B: int = 256, L
     ids = torch.randint(10, model.config.vocab_size, (1, S + 8 * L), generator=torch.Generator().manual_seed(0))
 
     def count(n: int, step: str) -> int:
-        return _host_ops(lambda: rollout(model, ids[:, :n], policy_for(policy, model), EvictionSettings(budget=B, interval=L),
-                                         generator=torch.Generator().manual_seed(0), step=step))
+        ops, _ = _host_ops(lambda: rollout(model, ids[:, :n], policy_for(policy, model),
+                                           EvictionSettings(budget=B, interval=L), generator=torch.Generator().manual_seed(0),
+                                           step=step))
+        return ops
 
     per = 8 * model.config.num_hidden_layers
     return {"policy": policy, "S": S, "eager_per_chunk_layer": round((count(S + 8 * L, "eager") - count(S, "eager")) / per, 1),
@@ -217,11 +216,11 @@ def decode_ops(policy: str, model=None, batch: int = 1, prompt: int = 320, new_t
     settings = EvictionSettings(budget=B, interval=L)
     decoding = Decoding(eos_token_id=model.config.vocab_size)
 
-    def count(step: str, tokens: int):
+    def count(step: str, tokens: int) -> tuple[int, int]:
         with _AsOnAccelerator():
             return _host_ops(lambda: generate(model, ids, max_new_tokens=tokens, policy=policy_for(policy, model),
                                               settings=settings, decoding=decoding,
-                                              generator=torch.Generator().manual_seed(0), step=step), syncs=True)
+                                              generator=torch.Generator().manual_seed(0), step=step))
 
     res = {"policy": policy, "batch": batch, "B": B, "L": L, "tokens": new_tokens - 1}
     for step in ("eager", "graph"):
