@@ -10,9 +10,11 @@ and evaluation stages also resume inside themselves):
 3. ``grpo``        GRPO from them (``foresight grpo``)
 4. ``kvpop``       KVpop's stateless scorer (``foresight sft --set sft.objective=kvpop``)
 5. ``eval``        every method at every budget of ``eval.budgets`` (``foresight eval``)
-6. ``ablations``   SFT variants (scorer inputs, width, golden pooling) and the samplers (top-L, Top-2L, multinomial),
+6. ``predictability`` how much of golden's choice the past decides: the recall@L any scorer can reach, estimated
+                   from other continuations of held-out references (:mod:`foresight.predictability`)
+7. ``ablations``   SFT variants (scorer inputs, width, golden pooling) and the samplers (top-L, Top-2L, multinomial),
                    at the middle budget
-7. ``report``      ``REPORT/results.md``, ``REPORT/results.json`` and the figures
+8. ``report``      ``REPORT/results.md``, ``REPORT/results.json`` and the figures
 
     python -m foresight.realbench --out runs/realbench --report docs/results/smollm2-135m
     python -m foresight.realbench --stages traces,sft,eval,report --set sft.steps=60   # a part, other settings
@@ -32,7 +34,7 @@ from pathlib import Path
 from foresight import atomic
 from foresight.config import load_recipe
 
-STAGES = ("traces", "sft", "grpo", "kvpop", "eval", "ablations", "report")
+STAGES = ("traces", "sft", "grpo", "kvpop", "eval", "predictability", "ablations", "report")
 # SFT variants of the paper's Table 5 and of the scorer's size and labels: (name, what it changes, overrides)
 SFT_ABLATIONS = (("attn-only", "scorer inputs: attention statistics only", ["scorer.features=[attn]"]),
                  ("kv-only", "scorer inputs: key and value only", ["scorer.features=[key,value]"]),
@@ -113,6 +115,12 @@ def run(bench: Bench) -> dict:
             from foresight.evaluate import run_eval
 
             run_eval(recipe, out / "eval", scorers=[d for d in (out / "sft", out / "grpo", out / "kvpop-mlp") if trained(d)])
+        elif stage == "predictability":
+            from foresight.predictability import Probe
+            from foresight.predictability import run as measure
+
+            measure(recipe, Probe(problems=min(Probe.problems, recipe.eval.num_problems)), out / "predictability",
+                    scorer=out / "sft" if trained(out / "sft") else None)
         elif stage == "ablations":
             ablations(bench)
         elif stage == "report":

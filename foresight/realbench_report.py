@@ -174,6 +174,37 @@ def grpo_figure(metrics: dict | None, path: Path) -> bool:
     return True
 
 
+def main_label(config: dict | None) -> str:
+    """The main SFT scorer in the ablation table, from its checkpoint's config (inputs, width, golden pooling)."""
+    if not config:
+        return "main"
+    spec, sft = config.get("scorer", {}), config.get("recipe", {}).get("sft", {})
+    inputs = " + ".join({"attn": "attention"}.get(f, f) for f in spec.get("features", ()))
+    return f"main: {inputs}, width {spec.get('hidden', '?')}, {sft.get('golden_pool', 'mean')} pooling"
+
+
+def predictability_section(pred: dict | None) -> list[str]:
+    """The recall@L that the past allows (foresight.predictability's summary), beside the scorers' recall@L."""
+    if not pred:
+        return []
+    ident = pred["identity"]
+    md = ["\n**How much of golden's choice the past decides** (`python -m foresight.predictability`: at position "
+          f"{ident['position']} of {ident['probe']['problems']} held-out references, {ident['probe']['continuations']} "
+          "more continuations of the same prefix sampled like the references; golden's L evictions under each "
+          "continuation's future against those under the reference's own. *Ceiling*: the L candidates golden drops "
+          "most often across the continuations — an estimate, rising with K, of the best recall@L any scorer that sees "
+          "only the past can reach at this state; *scorer*: "
+          f"`{ident['scorer'] or '—'}` at the same states):\n",
+          "| states | B:L | traces | two futures agree | ceiling, K/2 | ceiling, K | lowest mean future | scorer |",
+          "|---|---|---|---|---|---|---|---|"]
+    for kind, per_budget in pred["summary"].items():
+        for b, s in per_budget.items():
+            cells = [with_ci(s.get(k), s.get(f"{k}_ci"), 3)
+                     for k in ("agreement", "ceiling_half", "ceiling", "mean_future", "scorer")]
+            md.append(f"| {pred.get('states', {}).get(kind, kind)} | {b} | {s['traces']} | " + " | ".join(cells) + " |")
+    return md
+
+
 def git_commit() -> str | None:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
@@ -203,9 +234,10 @@ def write_report(out: Path, report: Path, sft_ablations, samplers, command: str,
         raise FileNotFoundError(f"{out / 'eval'} has no finished evaluation (run the eval stage first)")
     traces_meta = _load(out / "traces" / "meta.json") or {}
     sft, grpo = _load(out / "sft" / "metrics.json"), _load(out / "grpo" / "metrics.json")
+    predictability = _load(out / "predictability" / "summary.json")
     checks, rl = goal_checks(rows), grpo_vs_sft(rows)
     ablation_rows = merged_ablations(out)
-    labels = {"foresight-sft": "main: key + value + attention, width 16, mean pooling"} | {
+    labels = {"foresight-sft": main_label(_load(out / "sft" / "config.json"))} | {
         f"foresight-sft({name})": f"{name}: {what}" for name, what, _ in sft_ablations}
     sampler_rows = {m: _load(out / f"eval-sampler-{m}" / "results.json") for m in samplers}
     if main_sampler is not None and sampler_rows.get(main_sampler[0]) is None:  # the main evaluation's own sampler
@@ -245,6 +277,7 @@ def write_report(out: Path, report: Path, sft_ablations, samplers, command: str,
                   f"{_yes(c['at_or_below_best_heuristic_at_2B'])} ({c['best_heuristic_at_2B'] or '—'}) | "
                   f"{with_ci(c['recall_at_L'], c['recall_at_L_ci'], 3)} | "
                   f"{with_ci(c.get('keep_recall'), c.get('keep_recall_ci'), 3)} |")
+    md += predictability_section(predictability)
     md += ["\n**GRPO against SFT** (Δloss on low-entropy tokens):\n", "| B | SFT [95% CI] | GRPO [95% CI] | GRPO below, "
            "intervals separated |", "|---|---|---|---|"]
     md += [f"| {g['budget']} | {with_ci(g['sft'], g['sft_ci'], 4)} | {with_ci(g['grpo'], g['grpo_ci'], 4)} | "
@@ -267,7 +300,8 @@ def write_report(out: Path, report: Path, sft_ablations, samplers, command: str,
     results = {"command": command, "commit": git_commit(), "stage_seconds": took, "meta": meta,
                "traces": {k: traces_meta.get(k) for k in ("num_traces", "length")},
                "main": _compact(rows), "goal_checks": checks, "grpo_vs_sft": rl, "ablations": _compact(ablation_rows),
-               "samplers": {m: _compact(r) for m, r in sampler_rows.items()}, "sft": sft, "grpo": grpo}
+               "samplers": {m: _compact(r) for m, r in sampler_rows.items()}, "sft": sft, "grpo": grpo,
+               "predictability": predictability}
     atomic.write_json(report / "results.json", results, indent=1)
     print(f"report: {report / 'results.md'}", flush=True)
     return results

@@ -16,7 +16,7 @@ ENGINE = {"models", "rollout", "generate", "static_step", "recorded", "golden", 
 PLUMBING = {"training", "checkpoint", "plots", "methods", "references", "report", "styles", "completions", "golden_store",
             "eval_resume", "realbench_report"}
 STAGES = {"traces", "sft", "grpo", "kvpop.train", "evaluate"}
-ENTRY = {"", "cli", "__main__", "demo", "bench", "gpubench", "integrations", "kvpop", "opcount", "realbench"}
+ENTRY = {"", "cli", "__main__", "demo", "bench", "gpubench", "integrations", "kvpop", "opcount", "realbench", "predictability"}
 LAYERS = [PRIMITIVES, ENGINE, PLUMBING, STAGES, ENTRY]
 
 

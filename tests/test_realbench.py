@@ -138,6 +138,11 @@ def test_realbench_runs_end_to_end_and_resumes(tiny_model_dir, tmp_path, monkeyp
     assert len(res["grpo"]["history"]) == 2 and {"kl", "clip_frac", "reward_mean"} <= set(res["grpo"]["history"][0])
     md = (tmp_path / "report/results.md").read_text()
     assert "## Goal checks" in md and "attn-only" in md and "| multinomial |" in md
+    assert "main: key + value + attention, width 16, mean pooling" in md  # the tiny recipe's scorer, from its config
+    pred = res["predictability"]
+    assert pred["identity"]["probe"]["problems"] == 2 and set(pred["summary"]["scorer"]) == {"8:4", "16:4"}
+    assert "How much of golden's choice the past decides" in md and 0 <= pred["summary"]["golden"]["8:4"]["ceiling"] <= 1
+    assert "| the scorer's own trajectory | 16:4 | 2 |" in md
     assert (tmp_path / "report/grpo.png").exists() and (tmp_path / "report/overview.png").exists()
     stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "rb").glob("**/config.json")}
     assert len(stamps) == 3 + len(realbench.SFT_ABLATIONS)
