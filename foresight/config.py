@@ -148,6 +148,8 @@ class SFTConfig:
     init: str = ""  # a scorer checkpoint to start from (its scorer must be the recipe's)
     onpolicy: str = ""  # a scorer checkpoint: start from it and add, per trace, example_steps states of its own
                         # trajectory labelled by golden (a DAgger round; needs example_steps > 0)
+    budgets: str = ""  # "B:L,B:L": train on golden's states at each of these budgets (equal weight per budget), so
+                       # one scorer serves them all; empty: the cache's own budget only
 
 
 @dataclass

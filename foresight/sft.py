@@ -29,6 +29,7 @@ import torch
 
 from foresight import distributed
 from foresight.checkpoint import load_scorer
+from foresight.config import parse_budgets
 from foresight.golden_store import GoldenStore, golden_examples
 from foresight.locks import locks_output
 from foresight.report import bootstrap_ci
@@ -113,6 +114,20 @@ def recall_at_l(phi, fut, cand, k: int) -> torch.Tensor:
     return topk_overlap(mine, golden_top(fut, cand, k))
 
 
+def budgets_loss(bank, groups, cfg, generator=None):
+    """Mean over budgets of :func:`example_loss` (``groups``: one ``(interval, examples)`` per training budget) and
+    the per-layer recall, averaged the same way."""
+    losses, recalls = zip(*(example_loss(bank, ex, cfg, interval, generator) for interval, ex in groups))
+    return torch.stack(losses).mean(), torch.stack(recalls).mean(0)
+
+
+def training_settings(recipe) -> list:
+    """The eviction settings of SFT's examples: one per ``sft.budgets`` entry, or the cache's own."""
+    if not recipe.sft.budgets:
+        return [recipe.cache]
+    return [recipe.cache.replace(budget=B, interval=L) for B, L in parse_budgets(recipe.sft.budgets)]
+
+
 def example_loss(bank, examples, cfg, interval, generator=None):
     """Loss and per-layer recall over a trace's golden steps (rows = layer × step × head)."""
     nl = bank.num_layers
@@ -155,6 +170,9 @@ def onpolicy_store(cfg, recipe, model, init) -> GoldenStore | None:
         return None
     if not cfg.example_steps:
         raise ValueError("sft.onpolicy needs sft.example_steps > 0: the states of its trajectory are stored examples")
+    if cfg.budgets:
+        raise ValueError(f"sft.onpolicy follows the scorer at the cache's budget only; leave sft.budgets "
+                         f"({cfg.budgets!r}) empty")
     return GoldenStore(model, recipe.cache, cfg.golden_pool, cfg.example_steps, cfg.seed, behaviour=init)
 
 
@@ -173,30 +191,32 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
     plan = train_plan(cfg, identity=run_identity(recipe, ("model", "cache", "scorer", "sft"), ds))
     opt, sched, ckpt, start, engine = setup_training(bank, plan, out, resume, rank, deepspeed_config, "SFT", log)
 
-    cache_examples: dict[int, list] = {}
-    store = GoldenStore(model, recipe.cache, cfg.golden_pool, cfg.example_steps, cfg.seed) \
-        if cfg.example_steps else None
+    cache_examples: dict[tuple[int, int], list] = {}
+    settings = training_settings(recipe)
+    stores = [GoldenStore(model, s, cfg.golden_pool, cfg.example_steps, cfg.seed) for s in settings] \
+        if cfg.example_steps else []
     onpolicy = onpolicy_store(cfg, recipe, model, init)
     if rank == 0:  # every trace's examples at once, in batches (then shared by every rank)
-        for st in (store, onpolicy):
+        for st in stores + [onpolicy]:
             if st is not None:
                 st.fill(train_idx + val_idx, ds, progress=progress)
     distributed.barrier()
 
-    def golden_states(i):  # the examples along golden's trajectory
-        if store is not None:
-            return store.examples(ds[i], bank)
-        if i in cache_examples:
-            return cache_examples[i]
+    def golden_states(i, k):  # the examples along golden's trajectory under the k-th training budget
+        if stores:
+            return stores[k].examples(ds[i], bank)
+        if (i, k) in cache_examples:
+            return cache_examples[(i, k)]
         row = ds[i]
         ids = torch.tensor([row["input_ids"]], device=device)
-        ex = golden_examples(model, ids, bank, recipe.cache, cfg.golden_pool, prompt_len=row["prompt_len"])
+        ex = golden_examples(model, ids, bank, settings[k], cfg.golden_pool, prompt_len=row["prompt_len"])
         if cfg.cache_golden:
-            cache_examples[i] = ex
+            cache_examples[(i, k)] = ex
         return ex
 
-    def examples_for(i):  # and with sft.onpolicy, along the trajectory of that scorer too
-        return golden_states(i) + (onpolicy.examples(ds[i], bank) if onpolicy is not None else [])
+    def groups_for(i, own: bool = True):  # per budget; with sft.onpolicy, that scorer's states join the cache's budget
+        extra = onpolicy.examples(ds[i], bank) if own and onpolicy is not None else []
+        return [(s.interval, golden_states(i, k) + (extra if k == 0 else [])) for k, s in enumerate(settings)]
 
     writer = summary_writer(out, rank)
     bar = progress_bar(start, cfg.steps, "sft", progress, rank)
@@ -209,7 +229,7 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
         gen = torch.Generator().manual_seed(cfg.seed * 7 + step)
         losses, recalls = [], []
         for i in mine:
-            loss, rec = example_loss(bank, examples_for(i), cfg, interval, gen)
+            loss, rec = budgets_loss(bank, groups_for(i), cfg, gen)
             losses.append(loss)
             recalls.append(rec)
         loss = torch.stack(losses).mean()
@@ -231,11 +251,18 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
                "train_seconds_this_run": round(train_seconds, 1)}
     if val_idx:
         with torch.no_grad():  # on golden's states: comparable between runs, with or without sft.onpolicy
-            vals = [example_loss(bank, golden_states(i), cfg, interval, torch.Generator().manual_seed(0)) for i in val_idx]
+            vals = [budgets_loss(bank, groups_for(i, own=False), cfg, torch.Generator().manual_seed(0)) for i in val_idx]
+            def mean_recall(examples_of, k: int) -> float:  # over the validation traces
+                return round(sum(example_loss(bank, examples_of(i), cfg, k, torch.Generator().manual_seed(0))[1]
+                                 .mean().item() for i in val_idx) / len(val_idx), 4)
+
+            if len(settings) > 1:  # each training budget's recall on its own
+                metrics["val_recall_at_L_per_budget"] = {
+                    f"{s.budget}:{s.interval}": mean_recall(lambda i, k=k: golden_states(i, k), s.interval)
+                    for k, s in enumerate(settings)}
             if onpolicy is not None:  # and on the states of the sft.onpolicy scorer
-                own = [example_loss(bank, onpolicy.examples(ds[i], bank), cfg, interval,
-                                    torch.Generator().manual_seed(0))[1].mean().item() for i in val_idx]
-                metrics["val_recall_at_L_onpolicy_states"] = round(sum(own) / len(own), 4)
+                metrics["val_recall_at_L_onpolicy_states"] = mean_recall(lambda i: onpolicy.examples(ds[i], bank),
+                                                                         interval)
         metrics["val_loss"] = round(torch.stack([v[0] for v in vals]).mean().item(), 5)
         metrics["val_recall_at_L"] = round(torch.stack([v[1] for v in vals]).mean().item(), 4)
         ci = bootstrap_ci([v[1].mean().item() for v in vals])  # over the validation traces

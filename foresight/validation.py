@@ -64,6 +64,10 @@ def budgets(v):
     return None
 
 
+def budgets_or_none(v):
+    return budgets(v) if v else None
+
+
 def names(v):
     return None if [x for x in v.split(",") if x.strip()] else "names no method"
 
@@ -85,6 +89,7 @@ RULES = {
     "sft.schedule": one_of("cosine", "constant"), "sft.margin": at_least(0), "sft.pairs": one_of("all", "sampled", "boundary"),
     "sft.sampled_pairs": at_least(1), "sft.val_traces": at_least(0),
     "sft.example_steps": at_least(0), "sft.pair_chunk": at_least(1), "sft.golden_pool": one_of("mean", "max"),
+    "sft.budgets": budgets_or_none,
     "sft.grad_clip": above(0), "sft.ckpt_every": at_least(1), "sft.objective": one_of("foresight", "kvpop"),
     "grpo.steps": at_least(1), "grpo.traces_per_step": at_least(1), "grpo.group": at_least(2), "grpo.lr": above(0),
     "grpo.warmup": at_least(0), "grpo.clip_eps": above(0), "grpo.epochs": at_least(1), "grpo.beta": at_least(0),

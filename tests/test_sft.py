@@ -264,3 +264,42 @@ def test_onpolicy_states_follow_the_scorer_with_golden_labels(sft_setup, tmp_pat
     with pytest.raises(ValueError, match="not the recipe's"):
         train_sft(load_recipe("recipes/tiny-qwen3.yaml", [*base, "scorer.hidden=8", f"sft.onpolicy={tmp_path / 'a'}"]),
                   tdir, tmp_path / "d", progress=False, log=lambda *_: None)
+
+
+def test_several_training_budgets_average_their_losses(sft_setup, tmp_path, monkeypatch):
+    """sft.budgets: each budget's golden examples are stored on their own, the training loss is the mean of the
+    budgets' losses (a one-budget run's loss is that budget's), each budget's validation recall is reported, and bad
+    settings are refused."""
+    from foresight.golden_store import GoldenStore
+    from foresight.models import load_model
+    from foresight.scorer import bank_for_model
+    from foresight.sft import budgets_loss, example_loss, training_settings
+    from foresight.trace_data import load_traces
+    from foresight.validation import RecipeError
+
+    monkeypatch.setenv("FORESIGHT_CACHE", str(tmp_path / "cache"))
+    r, tdir = sft_setup
+    base = [f"model.path={r.model.path}", *SETS, "sft.example_steps=2"]
+    multi = load_recipe("recipes/tiny-qwen3.yaml", [*base, "sft.budgets=8:4,16:4"])
+    settings = training_settings(multi)
+    assert [(s.budget, s.interval) for s in settings] == [(8, 4), (16, 4)]
+    assert training_settings(load_recipe("recipes/tiny-qwen3.yaml", base)) == [r.cache]
+    bank, m = train_sft(multi, tdir, tmp_path / "multi", progress=False, log=lambda *_: None)
+    model, _ = load_model(r.model)
+    stores = [GoldenStore(model, s, "mean", steps=2, seed=0) for s in settings]
+    row = load_traces(tdir)[0]
+    assert stores[0].folder != stores[1].folder and all(st.path(row).exists() for st in stores)
+    assert set(m["val_recall_at_L_per_budget"]) == {"8:4", "16:4"}
+    fresh = bank_for_model(model, hidden=r.scorer.hidden)
+    cfg = multi.sft
+    groups = [(s.interval, st.examples(row, fresh)) for s, st in zip(settings, stores)]
+    per = [example_loss(fresh, ex, cfg, k, torch.Generator().manual_seed(0)) for k, ex in groups]
+    loss, rec = budgets_loss(fresh, groups, cfg, torch.Generator().manual_seed(0))
+    assert per[0][0].item() != pytest.approx(per[1][0].item())  # the budgets' examples differ
+    assert loss.item() == pytest.approx((per[0][0].item() + per[1][0].item()) / 2, rel=1e-5)
+    assert torch.allclose(rec, (per[0][1] + per[1][1]) / 2)
+    with pytest.raises(RecipeError, match="sft.budgets"):
+        load_recipe("recipes/tiny-qwen3.yaml", [*base, "sft.budgets=8:8"])
+    with pytest.raises(ValueError, match="sft.budgets"):
+        train_sft(load_recipe("recipes/tiny-qwen3.yaml", [*base, "sft.budgets=8:4,16:4", f"sft.onpolicy={tmp_path / 'multi'}"]),
+                  tdir, tmp_path / "c", progress=False, log=lambda *_: None)
