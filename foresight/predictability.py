@@ -261,12 +261,16 @@ def run(recipe, probe: Probe, out: Path, scorer: Path | None = None, log=print) 
         raise ValueError(f"no held-out problems: the prompt dataset has no rows after the first {start}")
     refs = reference_traces(recipe, model, tok, problems, device, use_cache=recipe.eval.cache_references, log=log)
     position = probe.position or default_position(budgets, min(r["ids"].shape[1] for r in refs))
-    steps = {(B, L): eviction_step_at(position, EvictionSettings(budget=B, interval=L)) for B, L in budgets}
+    # the evaluation's golden path: the recipe's sinks and window, top-L, the prompt not protected
+    along = {(B, L): recipe.cache.replace(budget=B, interval=L, selection="topk", temperature=1.0, protect_prompt=False,
+                                          prompt_overflow="evict") for B, L in budgets}
+    steps = {b: eviction_step_at(position, s) for b, s in along.items()}
     decoding = Decoding.from_recipe(recipe.traces, tok, do_sample=recipe.eval.do_sample)
     sampling = {"model": recipe.model.path, "dtype": recipe.model.dtype, "position": position, "seed": probe.seed,
                 "decoding": dataclasses.asdict(decoding)}
     identity = json.loads(json.dumps({**sampling, "budgets": budgets, "probe": dataclasses.asdict(probe),
-                                      "scorer": str(scorer) if scorer else None, "golden_pool": recipe.sft.golden_pool}))
+                                      "scorer": str(scorer) if scorer else None, "golden_pool": recipe.sft.golden_pool,
+                                      "settings": [dataclasses.astuple(s) for s in along.values()]}))
     rows_file = out / "rows.json"
     saved = json.loads(rows_file.read_text()) if rows_file.exists() else {}
     rows = saved.get("rows", []) if saved.get("identity") == identity else []
@@ -283,8 +287,7 @@ def run(recipe, probe: Probe, out: Path, scorer: Path | None = None, log=print) 
         alt = stored_continuations(out / "continuations", key, lambda: continuations(
             model, ref["ids"], position, probe.continuations, decoding, seed)).to(device)
         for (B, L), step in steps.items():
-            figs = measure_trace(model, ref["ids"], alt, EvictionSettings(budget=B, interval=L, selection="topk"), step,
-                                 bank, recipe.sft.golden_pool)
+            figs = measure_trace(model, ref["ids"], alt, along[(B, L)], step, bank, recipe.sft.golden_pool)
             for kind, f in figs.items():
                 rows.append({"problem": p.index, "states": kind, "budget": f"{B}:{L}", "step": step,
                              **{k: round(v.mean().item(), 5) for k, v in f.items()},
