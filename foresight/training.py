@@ -113,11 +113,16 @@ RESUMABLE_CHANGES = ("steps", "ckpt_every", "deepspeed", "cache_golden")
 
 
 def identity_changes(saved: dict, now: dict) -> list[str]:
-    """The differences between a checkpoint's identity and this run's, except the fields a resume may change."""
-    out = []
+    """The differences between a checkpoint's identity and this run's, except the fields a resume may change (a field
+    the checkpoint does not know, added to the recipes later, counts as its default)."""
+    from foresight.config import Recipe
+
+    out, defaults = [], Recipe().to_dict()
     for sec, fields in now.get("recipe", {}).items():
         for k, v in fields.items():
-            old = saved.get("recipe", {}).get(sec, {}).get(k)
+            mine = saved.get("recipe", {}).get(sec, {})
+            # a field added after the checkpoint was written ran with its default there
+            old = mine[k] if k in mine else defaults.get(sec, {}).get(k)
             if old != v and not (sec in ("sft", "grpo") and k in RESUMABLE_CHANGES):
                 out.append(f"{sec}.{k}: {old!r} -> {v!r}")
     out += [f"{k}: {saved.get(k)!r} -> {v!r}" for k, v in now.items() if k != "recipe" and saved.get(k) != v]

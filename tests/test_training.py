@@ -152,3 +152,14 @@ def test_finish_run_writes_the_standalone_checkpoint_and_rank_weights(tmp_path):
     assert not (tmp_path / "r1" / "config.json").exists() and len(logs) == 1
     got = load_file(str(tmp_path / "r1" / "ckpt" / "final-rank1.safetensors"))
     assert all(torch.equal(got[k], v) for k, v in weights.items())
+
+
+def test_a_checkpoint_from_before_a_recipe_field_existed_resumes_at_its_default():
+    from foresight.config import load_recipe
+    from foresight.training import identity_changes, run_identity
+
+    now = run_identity(load_recipe("recipes/tiny-qwen3.yaml"), ("sft",), None)
+    old = {"recipe": {"sft": {k: v for k, v in now["recipe"]["sft"].items() if k != "budgets"}}, "traces": None}
+    assert identity_changes(old, now) == []  # sft.budgets did not exist: it ran with the default ""
+    changed = run_identity(load_recipe("recipes/tiny-qwen3.yaml", ["sft.budgets=8:4,16:4"]), ("sft",), None)
+    assert identity_changes(old, changed) == ["sft.budgets: '' -> '8:4,16:4'"]
