@@ -207,11 +207,7 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
     device = next(model.parameters()).device
     meths = build_methods(method_names, list(scorers), model, eval_cfg.protect_prompt,
                           (recipe.kvpop.window, recipe.kvpop.sinks), (eval_cfg.scorer_selection, eval_cfg.scorer_temperature))
-    # held-out problems: synthetic seeds from traces.heldout_offset, or the dataset rows after the training prompts
-    start = recipe.traces.heldout_offset if recipe.traces.prompt_dataset is None else recipe.traces.num_prompts
-    problems = prompts.load_prompts(recipe, start, eval_cfg.num_problems, tok, split="heldout")
-    if not problems:
-        raise ValueError(f"no held-out problems: the prompt dataset has no rows after the first {start}")
+    problems = prompts.heldout_prompts(recipe, eval_cfg.num_problems, tok)
     t0 = time.time()
     log(f"[eval] {len(problems)} held-out problems; reference full-cache traces ...")
     refs = reference_traces(recipe, model, tok, problems, device, use_cache=eval_cfg.cache_references, log=log)

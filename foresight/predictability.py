@@ -255,10 +255,7 @@ def run(recipe, probe: Probe, out: Path, scorer: Path | None = None, log=print) 
     if bank is not None and not isinstance(bank, ScorerBank):
         raise ValueError(f"--scorer {scorer}: a ForesightKV scorer checkpoint is needed (this one is "
                          f"{type(bank).__name__}, whose decisions are not made at eviction steps)")
-    start = recipe.traces.heldout_offset if recipe.traces.prompt_dataset is None else recipe.traces.num_prompts
-    problems = prompts.load_prompts(recipe, start, probe.problems, tok, split="heldout")
-    if not problems:
-        raise ValueError(f"no held-out problems: the prompt dataset has no rows after the first {start}")
+    problems = prompts.heldout_prompts(recipe, probe.problems, tok)
     refs = reference_traces(recipe, model, tok, problems, device, use_cache=recipe.eval.cache_references, log=log)
     position = probe.position or default_position(budgets, min(r["ids"].shape[1] for r in refs))
     # the evaluation's golden path: the recipe's sinks and window, top-L, the prompt not protected

@@ -54,6 +54,16 @@ def ledger_spec(task) -> ledger.LedgerSpec:
     return ledger.LedgerSpec(task.facts, task.variables, task.filler, task.scratch)
 
 
+def heldout_prompts(recipe, count: int, tokenizer=None) -> list["Prompt"]:
+    """The first ``count`` held-out prompts: synthetic seeds from ``traces.heldout_offset``, or the dataset rows after
+    the training prompts; none is an error."""
+    start = recipe.traces.heldout_offset if recipe.traces.prompt_dataset is None else recipe.traces.num_prompts
+    problems = load_prompts(recipe, start, count, tokenizer, split="heldout")
+    if not problems:
+        raise ValueError(f"no held-out problems: the prompt dataset has no rows after the first {start}")
+    return problems
+
+
 def load_prompts(recipe, start: int, count: int, tokenizer=None, split: str | None = None) -> list[Prompt]:
     """Prompts ``start .. start+count-1`` of the recipe's prompt source. ``split`` (``train`` or ``heldout``): when
     the dataset has a ``split`` column, every row read must carry that value (a recipe whose ``traces.num_prompts``
