@@ -251,15 +251,20 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
                "train_seconds_this_run": round(train_seconds, 1)}
     if val_idx:
         with torch.no_grad():  # on golden's states: comparable between runs, with or without sft.onpolicy
-            vals = [budgets_loss(bank, groups_for(i, own=False), cfg, torch.Generator().manual_seed(0)) for i in val_idx]
+            per = []  # per validation trace, per budget: (loss, per-layer recall), the pairs drawn as budgets_loss does
+            for i in val_idx:
+                gen = torch.Generator().manual_seed(0)
+                per.append([example_loss(bank, ex, cfg, k, gen) for k, ex in groups_for(i, own=False)])
+            vals = [(torch.stack([p[0] for p in t]).mean(), torch.stack([p[1] for p in t]).mean(0)) for t in per]
+            if len(settings) > 1:  # each training budget's recall on its own
+                metrics["val_recall_at_L_per_budget"] = {
+                    f"{s.budget}:{s.interval}": round(sum(t[k][1].mean().item() for t in per) / len(per), 4)
+                    for k, s in enumerate(settings)}
+
             def mean_recall(examples_of, k: int) -> float:  # over the validation traces
                 return round(sum(example_loss(bank, examples_of(i), cfg, k, torch.Generator().manual_seed(0))[1]
                                  .mean().item() for i in val_idx) / len(val_idx), 4)
 
-            if len(settings) > 1:  # each training budget's recall on its own
-                metrics["val_recall_at_L_per_budget"] = {
-                    f"{s.budget}:{s.interval}": mean_recall(lambda i, k=k: golden_states(i, k), s.interval)
-                    for k, s in enumerate(settings)}
             if onpolicy is not None:  # and on the states of the sft.onpolicy scorer
                 metrics["val_recall_at_L_onpolicy_states"] = mean_recall(lambda i: onpolicy.examples(ds[i], bank),
                                                                          interval)
