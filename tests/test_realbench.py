@@ -138,7 +138,8 @@ def test_realbench_runs_end_to_end_and_resumes(tiny_model_dir, tmp_path, monkeyp
     assert len(res["grpo"]["history"]) == 2 and {"kl", "clip_frac", "reward_mean"} <= set(res["grpo"]["history"][0])
     md = (tmp_path / "report/results.md").read_text()
     assert "## Goal checks" in md and "attn-only" in md and "| multinomial |" in md
-    assert "main: key + value + attention, width 16, mean pooling" in md  # the tiny recipe's scorer, from its config
+    width = load_recipe(ROOT / "recipes/tiny-qwen3.yaml").scorer.hidden  # the tiny recipe's scorer, from its config
+    assert f"main: key + value + attention, width {width}, mean pooling" in md
     pred = res["predictability"]
     assert pred["identity"]["probe"]["problems"] == 2 and set(pred["summary"]["scorer"]) == {"8:4", "16:4"}
     assert "How much of golden's choice the past decides" in md and 0 <= pred["summary"]["golden"]["8:4"]["ceiling"] <= 1
