@@ -23,6 +23,15 @@ def barrier() -> None:
         dist.barrier()
 
 
+def sum_across(value: float, device) -> float:
+    """``value`` summed over the processes (``value`` itself in a single process)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    t = torch.tensor([float(value)], device=device)
+    dist.all_reduce(t)
+    return float(t.item())
+
+
 def local_device(device: str = "auto") -> torch.device:
     if device not in ("auto", None):
         if str(device).startswith("cuda") and not torch.cuda.is_available():

@@ -257,8 +257,10 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
                                grpo_cfg.low_entropy_share, grpo_cfg.normalise)
             groups.append((steps, r, group_advantage(r), overlap))
         bank.train()
-        stats = {}
-        for _ in range(grpo_cfg.epochs):
+        flat = sum(float(x[1].std() < 1e-8) for x in groups)
+        skip = grpo_cfg.skip_flat and distributed.sum_across(len(groups) - flat, device) == 0
+        stats = {"loss": 0.0, "kl": hist[-1]["kl"] if hist else 0.0, "clip_frac": 0.0}  # a skipped step: unchanged
+        for _ in range(0 if skip else grpo_cfg.epochs):
             losses, kls, clips = [], [], []
             for steps, r, adv, _ in groups:
                 if not steps:
@@ -284,7 +286,7 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
                       # exploration: how alike the group's eviction sets are, and groups whose rewards are all equal
                       # (zero advantage: only the KL term moves the scorers on them)
                       "group_overlap": sum(x[3] for x in groups) / len(groups),
-                      "flat_groups": sum(float(x[1].std() < 1e-8) for x in groups) / len(groups)})
+                      "flat_groups": flat / len(groups), "skipped": float(skip)})
         hist.append(stats)
         if writer is not None:
             for k, v in stats.items():

@@ -225,3 +225,28 @@ def test_per_draw_ratios_clip_what_the_per_set_ratio_lets_through():
     loss.backward()
     assert st["clip_frac"] == 4 / L
     assert (y.grad[0, :4] == 0).all() and (y.grad[0, 4:] < 0).all()  # clipped draws carry no gradient
+
+
+def test_skip_flat_takes_no_step_when_no_group_has_a_signal(tiny_model_dir, tmp_path):
+    """With every reward 0 (eta far above any loss increase) all groups are flat: grpo.skip_flat takes no optimiser
+    step (the scorers stay the SFT ones, Adam's moments stay empty), while the default steps Adam on the KL alone
+    (from the SFT start its gradient is 0; after an informative step, its momentum and the KL move the scorers)."""
+    from safetensors.torch import load_file
+
+    base = [f"model.path={tiny_model_dir}", *SETS, "grpo.eta=1e9", "grpo.lr=0.01"]
+    r = load_recipe("recipes/tiny-qwen3.yaml", base)
+    tdir = tmp_path / "traces"
+    traces.make_traces(r, tdir, progress=False, log=lambda *_: None)
+    train_sft(r, tdir, tmp_path / "sft", progress=False, log=lambda *_: None)
+    sft = load_file(tmp_path / "sft" / "model.safetensors")
+    for skip in (True, False):
+        rr = load_recipe("recipes/tiny-qwen3.yaml", [*base, f"grpo.skip_flat={str(skip).lower()}"])
+        out = tmp_path / f"grpo-{skip}"
+        _, metrics = train_grpo(rr, tdir, tmp_path / "sft", out, progress=False, log=lambda *_: None)
+        assert all(h["flat_groups"] == 1.0 and h["skipped"] == float(skip) for h in metrics["history"])
+        adam = torch.load(out / "ckpt" / "state.pt", weights_only=False)["opt"]["state"]
+        steps = {int(v["step"]) for v in adam.values()}
+        assert steps == (set() if skip else {rr.grpo.steps * rr.grpo.epochs})
+        if skip:
+            after = load_file(out / "model.safetensors")
+            assert all(torch.equal(after[k], sft[k]) for k in sft)
