@@ -11,7 +11,9 @@ For each (method, budget B:L) it reports, on ``eval.num_problems`` held-out prob
 * ``recall_at_L`` — overlap of the method's L evictions with Golden Eviction's along the golden trajectory;
 * ``keep_recall`` — at the same steps, the share of the candidates golden keeps that the method keeps too (KVpop's
   "top-k retention recall"; with B - L of ~B candidates kept, it is far higher than recall@L: 1 - L(1 - recall@L)/kept);
-* ``mean_cache`` — mean pairs held per (sequence, layer, KV head) over the teacher-forced traces.
+* ``mean_cache`` — mean pairs held per (sequence, layer, KV head) over the teacher-forced traces;
+* ``divergence`` (greedy decoding) — where generation under eviction first leaves the full-cache reference, and the
+  teacher-forced loss increase and full-cache entropy at that token (:mod:`foresight.divergence`).
 
 Methods: ``full``, ``golden`` (teacher-forced only: it needs the future), ``kvpop-oracle`` (KVpop's teacher: the
 true future-attention target under the recipe's ``kvpop`` layout; teacher-forced only), the heuristics of
@@ -38,6 +40,7 @@ from foresight.generate import Decoding, generate
 from foresight.golden import GoldenPolicy, block_pooled_attention
 from foresight.golden import eviction_steps, rows_per_pass as golden_rows_per_pass
 from foresight.kvpop.target import KVpopOraclePolicy, kvpop_oracle_priorities
+from foresight.divergence import DivergenceStats, divergence_table, first_divergence
 from foresight.eval_resume import eval_identity, finished_rows
 from foresight.locks import locks_output
 from foresight.methods import Method, build_methods, check_names
@@ -105,23 +108,27 @@ def golden_pass(methods: list[Method], model, batch: dict, settings: EvictionSet
 
 
 def accuracy(method: Method, recipe, model, tok, problems, budget: int, interval: int, device):
-    """Task accuracy of generation under the method (pass@1 averaged over the seeded samples), and the samples."""
+    """Task accuracy of generation under the method (pass@1 averaged over the seeded samples), the number of samples
+    and the first sample's (new tokens, correct) per problem."""
     if method.teacher_forced_only or recipe.task.kind == "none":
-        return None, 0  # golden needs the future; a task without a checker has no accuracy
+        return None, 0, None  # golden needs the future; a task without a checker has no accuracy
     eval_cfg = recipe.eval
     n = eval_cfg.n_samples if eval_cfg.do_sample else 1
     ids, mask = prompts.pad_rows([prompts.encode(p, tok) for p in problems], tok.pad_token_id, device)
     decoding = Decoding.from_recipe(recipe.traces, tok, do_sample=eval_cfg.do_sample)
     settings = method.settings(budget, interval, "evict")
-    correct = 0
+    correct, first = 0, None
     for k in range(n):
         gen = torch.Generator(device=device).manual_seed(eval_cfg.seed * 1009 + k)
         out = generate(model, ids, mask, max_new_tokens=recipe.traces.max_new_tokens, policy=method.make_policy(),
                        settings=settings, decoding=decoding, generator=gen)
+        sample = []
         for p, new in zip(problems, out.new_tokens.tolist()):
             new = decoding.truncate(new)
-            correct += bool(prompts.check(recipe, new, tok.decode(new, skip_special_tokens=True), p.answer))
-    return correct / (n * len(problems)), n
+            sample.append((new, bool(prompts.check(recipe, new, tok.decode(new, skip_special_tokens=True), p.answer))))
+        correct += sum(ok for _, ok in sample)
+        first = first or sample
+    return correct / (n * len(problems)), n, first
 
 
 def loss_increases(loss, full_loss, entropy, start: int):
@@ -132,6 +139,17 @@ def loss_increases(loss, full_loss, entropy, start: int):
     after[start:] = True
     delta = loss - full_loss
     return delta[low], delta[after & ~low]
+
+
+def divergences(refs: list[dict], sample: list[tuple[list[int], bool]], along: dict) -> dict:
+    """Greedy generation's first divergence from each reference, with the teacher-forced losses ``along`` the
+    references ({trace: [S]}) of the same method (:mod:`foresight.divergence`)."""
+    stats = DivergenceStats()
+    for i, (new, ok) in enumerate(sample):
+        p = refs[i]["prompt_len"]
+        pos = first_divergence(refs[i]["ids"][0, p:].tolist(), new)
+        stats.add(i, pos, p, along[i], refs[i]["loss"].cpu(), refs[i]["entropy"].cpu(), ok)
+    return stats.row()
 
 
 class TraceMetrics:
@@ -283,7 +301,7 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
                 continue
             protect_label = "fallback"
         settings = m.settings(B, L, overflow)
-        metrics = TraceMetrics()
+        metrics, along = TraceMetrics(), {}
         for bi, batch in enumerate(batches):
             future = None if m.is_full else future_for(batch, settings)
             prio = priorities_for(batch) if m.kind == "kvpop-oracle" else None
@@ -294,20 +312,22 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
             else:
                 loss, held = teacher_forced(m, model, batch, settings, seed, future, prio)
             metrics.add(loss, held, batch, protect_label is True, settings)
+            along |= {i: loss[r, :n].cpu() for r, (i, n) in enumerate(zip(batch["members"], batch["lengths"]))}
             if future is not None:
                 metrics.add_recalls(batch, golden_pass_for(m, B, L, settings, bi, batch, future, seed).recalls.pop(m.name, []))
             bar.update(1)
-        acc, n = accuracy(m, recipe, model, tok, problems, B, L, device)
+        acc, n, sample = accuracy(m, recipe, model, tok, problems, B, L, device)
         bar.update(1)
         rows.append({"method": m.name, "budget": B, "interval": L, "protect_prompt": protect_label,
                      "accuracy": None if acc is None else round(acc, 4), "n_samples": n,
-                     "num_problems": len(problems)} | metrics.row(eval_cfg.seed))
+                     "num_problems": len(problems)} | metrics.row(eval_cfg.seed)
+                    | {"divergence": None if sample is None or eval_cfg.do_sample else divergences(refs, sample, along)})
         atomic.write_json(out / "results.json", rows, indent=1)  # each finished row is on disk at once
     bar.close()
     meta["seconds"] = round(time.time() - t0, 1)
     atomic.write_json(out / "results.json", rows, indent=1)
     atomic.write_json(out / "meta.json", meta, indent=1)
-    atomic.write_text(out / "results.md", results_table(rows, meta))
+    atomic.write_text(out / "results.md", results_table(rows, meta) + divergence_table(rows))
     for m in meths:  # on request, the scorers' model cards carry their evaluation
         if record and m.checkpoint is not None:
             record_eval(m.checkpoint, rows, m.name)
@@ -322,5 +342,5 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
         future = futures.get((0, B, L, prefix))
         if future is not None or not best.teacher_forced_only:  # golden's map needs its labels (resumed runs lack them)
             plots.eviction_map(model, refs[0], best, B, L, future, out / "eviction_map.png")
-    log(results_table(rows, meta))
+    log(results_table(rows, meta) + divergence_table(rows))
     return rows

@@ -1,4 +1,5 @@
 import json
+import math
 
 import pytest
 import torch
@@ -37,6 +38,15 @@ def test_eval_writes_results_tables_and_plots_reproducibly(tiny_model_dir, tmp_p
             assert x["accuracy"] is None
         if x["method"] not in ("full", "random-keep-prompt"):
             assert x["mean_cache"] <= x["budget"] + x["interval"]
+        if x["accuracy"] is not None:  # greedy: where generation left the reference, and the loss there
+            d = x["divergence"]
+            assert len(d["per_problem"]) == 3 and 0 <= d["diverged"] <= 1
+            if x["method"] == "full":
+                assert d["diverged"] == 0  # without eviction greedy generation writes the reference again
+            for item in d["per_problem"]:
+                if "loss" in item:  # the same cache as the teacher-forced rollout up to there: the reference token
+                    assert item["loss"] >= math.log(2) - 1e-3  # lost its argmax, so its probability is below 1/2
+    assert "First divergence" in (tmp_path / "ev" / "results.md").read_text()
     rkp = next(x for x in rows if x["method"] == "random-keep-prompt")
     assert rkp["protect_prompt"] is True and rkp["budget"] == 24
     for f in ("results.json", "results.md", "accuracy.png", "loss_ratio.png", "eviction_map.png"):
