@@ -192,6 +192,8 @@ class GRPOConfig:
     ratio: str = "set"  # set: the set log-ratio / L per row | draw: a clipped ratio per Plackett-Luce draw (foresight.grpo)
     skip_flat: bool = False  # no optimiser step when every group of the step (over all processes) has equal rewards:
                              # its only gradient is the KL's, which Adam's momentum and normalisation turn into drift
+    control: str = "none"  # none | permuted: each group's rewards shuffled among its trajectories before the
+                           # advantages (a null control: the same update sizes without the rewards' information)
     ckpt_every: int = 10
     val_traces: int = 2  # the last traces of the dataset, held out for validation (at most a quarter of them)
     seed: int = 0

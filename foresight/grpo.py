@@ -208,6 +208,8 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
                          f"processes ({world})")
     if grpo_cfg.group < 2:
         raise ValueError(f"grpo.group must be >= 2 (advantages are relative to the group), got {grpo_cfg.group}")
+    if grpo_cfg.control not in ("none", "permuted"):
+        raise ValueError(f"grpo.control must be 'none' or 'permuted', got {grpo_cfg.control!r}")
     if grpo_cfg.epochs < 1:
         raise ValueError(f"grpo.epochs must be >= 1, got {grpo_cfg.epochs}")
     device = distributed.local_device(recipe.model.device)
@@ -255,6 +257,9 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
                                torch.tensor(row["token_entropy"], device=device),
                                first_scored_token(settings, row["prompt_len"]), grpo_cfg.eta,
                                grpo_cfg.low_entropy_share, grpo_cfg.normalise)
+            if grpo_cfg.control == "permuted":  # the null control: rewards no longer belong to their trajectories
+                perm = torch.randperm(len(r), generator=torch.Generator().manual_seed(grpo_cfg.seed * 7919 + step * 131 + slot))
+                r = r[perm.to(r.device)]
             groups.append((steps, r, group_advantage(r), overlap))
         bank.train()
         flat = sum(float(x[1].std() < 1e-8) for x in groups)

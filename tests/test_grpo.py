@@ -250,3 +250,28 @@ def test_skip_flat_takes_no_step_when_no_group_has_a_signal(tiny_model_dir, tmp_
         if skip:
             after = load_file(out / "model.safetensors")
             assert all(torch.equal(after[k], sft[k]) for k in sft)
+
+
+def test_permuted_control_keeps_the_rewards_but_not_which_trajectory_earned_them(tiny_model_dir, tmp_path):
+    """grpo.control=permuted (the null control): the first step draws the same trajectories and rewards as the real
+    run, shuffled within each group, so the update has the same size and none of the rewards' information."""
+    from safetensors.torch import load_file
+
+    base = [f"model.path={tiny_model_dir}", *SETS, "grpo.steps=1", "grpo.lr=0.01", "grpo.warmup=0"]
+    r = load_recipe("recipes/tiny-qwen3.yaml", base)
+    tdir = tmp_path / "traces"
+    traces.make_traces(r, tdir, progress=False, log=lambda *_: None)
+    train_sft(r, tdir, tmp_path / "sft", progress=False, log=lambda *_: None)
+    runs = {}
+    for control in ("none", "permuted"):
+        rr = load_recipe("recipes/tiny-qwen3.yaml", [*base, f"grpo.control={control}"])
+        _, metrics = train_grpo(rr, tdir, tmp_path / "sft", tmp_path / control, progress=False, log=lambda *_: None)
+        runs[control] = (metrics["history"][0], load_file(tmp_path / control / "model.safetensors"))
+    (h0, w0), (h1, w1) = runs["none"], runs["permuted"]
+    assert h0["flat_groups"] < 1
+    for k in ("reward_mean", "reward_std", "adv_abs", "group_overlap"):
+        assert h1[k] == pytest.approx(h0[k], abs=1e-6), k
+    assert any(not torch.equal(w0[k], w1[k]) for k in w0)
+    bad = load_recipe("recipes/tiny-qwen3.yaml", [*base, "grpo.control=shuffled"])
+    with pytest.raises(ValueError, match="grpo.control"):
+        train_grpo(bad, tdir, tmp_path / "sft", tmp_path / "bad", progress=False, log=lambda *_: None)
