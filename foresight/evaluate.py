@@ -156,7 +156,7 @@ class TraceMetrics:
     """Per-trace sums of one (method, budget) row, and the row they add up to (with bootstrap intervals)."""
 
     def __init__(self):
-        self.evicted, self.full, self.held = [], [], []
+        self.evicted, self.full, self.held, self.traces = [], [], [], []
         self.low, self.high = [], []  # per trace: (sum of increases, tokens)
         self.recalls: dict[int, list[float]] = {}  # per trace: its recall@L at each golden step
         self.keep: dict[int, list[float]] = {}  # per trace: its keep recall at each golden step
@@ -176,6 +176,7 @@ class TraceMetrics:
             self.low.append((low.sum().item(), low.numel()))
             self.high.append((high.sum().item(), high.numel()))
             self.held.append(float(held[r]))
+            self.traces.append(batch["members"][r])
 
     def row(self, seed: int) -> dict:
         def mean_of(pairs):
@@ -197,7 +198,7 @@ class TraceMetrics:
                 "keep_recall": mean_of(keep) if keep else None, "keep_recall_ci": ci(keep) if keep else None,
                 "mean_cache": round(sum(self.held) / len(self.held), 1),
                 "per_trace": {"evicted_loss": [round(x, 5) for x in self.evicted],
-                              "full_loss": [round(x, 5) for x in self.full]}}
+                              "full_loss": [round(x, 5) for x in self.full], "trace": self.traces}}
 
 
 @locks_output("eval")

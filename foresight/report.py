@@ -29,17 +29,22 @@ def bootstrap_ci(num: list[float], den: list[float] | None = None, seed: int = 0
 def paired_ratio_diff_ci(a: dict, b: dict, seed: int = 0) -> list[float] | None:
     """95% interval of loss ratio(a) − loss ratio(b) resampling the *same* held-out traces for both (a paired
     bootstrap: the spread of trace difficulty, which widens each method's own interval, cancels). ``a``, ``b``: the
-    ``per_trace`` dicts of two rows (``evicted_loss``, ``full_loss``); traces are matched by their full-cache loss
-    (batching may order them differently); None when the two rows do not hold the same traces."""
-    def by_trace(pt):
-        return {round(f, 4): e for e, f in zip(pt["evicted_loss"], pt["full_loss"])}
-
-    ta, tb = by_trace(a), by_trace(b)
-    if not ta or set(ta) != set(tb) or len(ta) != len(a["full_loss"]) or len(tb) != len(b["full_loss"]):
+    ``per_trace`` dicts of two rows (``evicted_loss``, ``full_loss`` and, from evaluations since 2026-12, ``trace``:
+    the held-out trace of each entry). Traces are matched by ``trace`` when both rows have it (batching may order them
+    differently), else by position when the full-cache losses are the same list, else by their full-cache loss; None
+    when the two rows do not hold the same traces or cannot be matched."""
+    if a.get("trace") is not None and b.get("trace") is not None:
+        ka, kb = a["trace"], b["trace"]
+    elif a["full_loss"] == b["full_loss"]:  # the same traces in the same order
+        ka = kb = list(range(len(a["full_loss"])))
+    else:
+        ka, kb = ([round(f, 4) for f in p["full_loss"]] for p in (a, b))
+    if not ka or len(set(ka)) != len(ka) or sorted(ka) != sorted(kb) or len(kb) != len(b["evicted_loss"]) \
+            or len(ka) != len(a["evicted_loss"]):
         return None
-    keys = sorted(ta)
-    full = np.asarray(keys, dtype=np.float64)
-    ea, eb = (np.asarray([t[k] for k in keys], dtype=np.float64) for t in (ta, tb))
+    ea, eb, fa = (dict(zip(k, v)) for k, v in ((ka, a["evicted_loss"]), (kb, b["evicted_loss"]), (ka, a["full_loss"])))
+    keys = sorted(ka)
+    full, ea, eb = (np.asarray([t[k] for k in keys], dtype=np.float64) for t in (fa, ea, eb))
     idx = np.random.default_rng(seed).integers(0, len(keys), size=(BOOTSTRAP, len(keys)))
     d = (ea[idx].sum(1) - eb[idx].sum(1)) / np.maximum(full[idx].sum(1), 1e-12)
     lo, hi = np.percentile(d, [2.5, 97.5])

@@ -150,3 +150,21 @@ def test_realbench_runs_end_to_end_and_resumes(tiny_model_dir, tmp_path, monkeyp
     took = realbench.run(bench)  # everything is done: nothing is trained or evaluated again
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
     assert took["sft"] < 5  # reused, not retrained
+
+
+def test_paired_difference_matches_traces_that_share_a_full_cache_loss():
+    """Two held-out traces with the same full-cache loss (to 4 digits) cannot be told apart by it: with the trace
+    ids an evaluation now records they pair exactly, whatever the order; without ids, the same list in the same order
+    pairs by position; otherwise no interval rather than a wrong one."""
+    from foresight.report import paired_ratio_diff_ci
+
+    full = [10.0, 10.0, 20.0, 30.0]
+    a = {"evicted_loss": [11.0, 15.0, 21.0, 33.0], "full_loss": full, "trace": [0, 1, 2, 3]}
+    b = {"evicted_loss": [34.0, 22.0, 16.0, 12.0], "full_loss": full[::-1], "trace": [3, 2, 1, 0]}  # b = a + 1 each
+    no_ids = [{k: v for k, v in x.items() if k != "trace"} for x in (a, b)]
+    same_order = {"evicted_loss": [12.0, 16.0, 22.0, 34.0], "full_loss": full}  # b in a's order, without ids
+    lo, hi = paired_ratio_diff_ci(b, a)
+    assert 0 < lo <= 4 / 70 <= hi and [lo, hi] == paired_ratio_diff_ci(same_order, no_ids[0])
+    assert paired_ratio_diff_ci(no_ids[1], no_ids[0]) is None  # 10.0 twice, in another order: ambiguous
+    wrong = {"evicted_loss": [12.0, 15.0, 22.0, 34.0], "full_loss": full}  # trace 1 unchanged: not b
+    assert paired_ratio_diff_ci(wrong, no_ids[0]) != [lo, hi]
