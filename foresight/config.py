@@ -187,6 +187,8 @@ class GRPOConfig:
     beta: float = 0.03
     eta: float = 1.5
     low_entropy_share: float = 0.8
+    low_entropy_below: float | None = None  # nats: tokens whose full-cache entropy is below it count as low-entropy
+                                            # too, whatever their rank (the share is a rank rule; foresight/reward.py)
     normalise: str = "low_entropy"  # low_entropy | counted
     temperature: float = 1.0
     ratio: str = "set"  # set: the set log-ratio / L per row | draw: a clipped ratio per Plackett-Luce draw (foresight.grpo)

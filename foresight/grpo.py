@@ -58,6 +58,12 @@ from foresight.training import check_traces_model, finish_run, full_state_dict, 
     resumed_extra, run_identity, save_progress, setup_training, split_traces, summary_writer, train_plan
 
 
+def trajectory_reward(loss, full_loss, full_entropy, start: int, grpo_cfg) -> torch.Tensor:
+    """:func:`foresight.reward.reward` under the recipe's ``grpo`` settings."""
+    return compute_reward(loss, full_loss, full_entropy, start, grpo_cfg.eta, grpo_cfg.low_entropy_share,
+                          grpo_cfg.normalise, grpo_cfg.low_entropy_below)
+
+
 def group_advantage(r: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     from trl.trainer.utils import nanstd
 
@@ -167,9 +173,8 @@ def validate(model, bank, ds, idx, settings: EvictionSettings, grpo_cfg, seed: i
         p = row["prompt_len"]
         evicted.append(res.token_loss[0, p:].sum().item())
         full.append(full_loss[p:].sum().item())
-        rewards.append(compute_reward(res.token_loss, full_loss, torch.tensor(row["token_entropy"]),
-                                      first_scored_token(settings, p), grpo_cfg.eta, grpo_cfg.low_entropy_share,
-                                      grpo_cfg.normalise).item())
+        rewards.append(trajectory_reward(res.token_loss, full_loss, torch.tensor(row["token_entropy"]),
+                                         first_scored_token(settings, p), grpo_cfg).item())
     out = {"val_loss_ratio": sum(evicted) / max(sum(full), 1e-9), "val_reward": sum(rewards) / max(len(rewards), 1)}
     for name, ci in (("val_loss_ratio", bootstrap_ci(evicted, full, seed)), ("val_reward", bootstrap_ci(rewards, None, seed))):
         if ci is not None:
@@ -253,10 +258,9 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
             bank.eval()
             res, steps, overlap = group_rollout(model, bank, ids, grpo_cfg.group, settings, grpo_cfg.temperature, gen,
                                                 row["prompt_len"], grpo_cfg.ratio)
-            r = compute_reward(res.token_loss, torch.tensor(row["token_loss"], device=device),
-                               torch.tensor(row["token_entropy"], device=device),
-                               first_scored_token(settings, row["prompt_len"]), grpo_cfg.eta,
-                               grpo_cfg.low_entropy_share, grpo_cfg.normalise)
+            r = trajectory_reward(res.token_loss, torch.tensor(row["token_loss"], device=device),
+                                  torch.tensor(row["token_entropy"], device=device),
+                                  first_scored_token(settings, row["prompt_len"]), grpo_cfg)
             if grpo_cfg.control == "permuted":  # the null control: rewards no longer belong to their trajectories
                 perm = torch.randperm(len(r), generator=torch.Generator().manual_seed(grpo_cfg.seed * 7919 + step * 131 + slot))
                 r = r[perm.to(r.device)]

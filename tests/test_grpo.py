@@ -34,6 +34,26 @@ def test_reward_on_crafted_vectors():
     assert torch.allclose(rc, torch.tensor([-4.0, 0.0]))
 
 
+def test_an_absolute_entropy_threshold_counts_near_certain_tokens_the_rank_rule_leaves_out():
+    """A near-deterministic trace (the teacher's ledger): most tokens have entropy ~1e-6, the look-ups ~1e-3. The
+    lowest 80% by rank leave the look-ups out, so a catastrophic eviction there earns the maximal reward 0; with
+    grpo.low_entropy_below they count (and the tokens the model is unsure of still do not)."""
+    entropy = torch.full((20,), 1e-6)
+    entropy[[12, 15, 18]] = torch.tensor([2e-3, 5e-3, 1e-3])  # look-ups: sure, but the least sure of the trace
+    entropy[19] = 2.0  # a real choice
+    ev = torch.zeros(1, 20)
+    ev[0, 15] = 12.0  # the look-up the eviction broke
+    ev[0, 19] = 3.0  # an uncertain token: not the reward's business
+    full_loss = torch.zeros(20)
+    low = low_entropy_mask(entropy, start=4, share=0.8)
+    assert not low[15] and not low[19]  # ceil(0.8 * 16) = 13 tokens at 1e-6
+    assert reward(ev, full_loss, entropy, start=4, eta=1.5).item() == 0.0
+    low_abs = low_entropy_mask(entropy, start=4, share=0.8, below=0.1)
+    assert low_abs[4:19].all() and not low_abs[19] and not low_abs[:4].any()
+    r = reward(ev, full_loss, entropy, start=4, eta=1.5, below=0.1)
+    assert torch.allclose(r, torch.tensor([-144.0 / 15]))
+
+
 def test_clipped_objective_gradient_matches_hand_computation():
     lp_old = torch.tensor([0.0, 0.0])
     lp_ref = torch.tensor([0.0, 0.0])
