@@ -213,6 +213,8 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
                          f"processes ({world})")
     if grpo_cfg.group < 2:
         raise ValueError(f"grpo.group must be >= 2 (advantages are relative to the group), got {grpo_cfg.group}")
+    if grpo_cfg.low_entropy_below is not None and not grpo_cfg.low_entropy_below > 0:
+        raise ValueError(f"grpo.low_entropy_below must be a positive entropy in nats (or null), got {grpo_cfg.low_entropy_below}")
     if grpo_cfg.control not in ("none", "permuted"):
         raise ValueError(f"grpo.control must be 'none' or 'permuted', got {grpo_cfg.control!r}")
     if grpo_cfg.epochs < 1:

@@ -292,6 +292,7 @@ def test_permuted_control_keeps_the_rewards_but_not_which_trajectory_earned_them
     for k in ("reward_mean", "reward_std", "adv_abs", "group_overlap"):
         assert h1[k] == pytest.approx(h0[k], abs=1e-6), k
     assert any(not torch.equal(w0[k], w1[k]) for k in w0)
-    bad = load_recipe("recipes/tiny-qwen3.yaml", [*base, "grpo.control=shuffled"])
-    with pytest.raises(ValueError, match="grpo.control"):
-        train_grpo(bad, tdir, tmp_path / "sft", tmp_path / "bad", progress=False, log=lambda *_: None)
+    for setting, name in (("grpo.control=shuffled", "grpo.control"), ("grpo.low_entropy_below=-1", "low_entropy_below")):
+        bad = load_recipe("recipes/tiny-qwen3.yaml", [*base, setting])
+        with pytest.raises(ValueError, match=name):
+            train_grpo(bad, tdir, tmp_path / "sft", tmp_path / "bad", progress=False, log=lambda *_: None)
