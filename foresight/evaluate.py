@@ -148,7 +148,7 @@ def divergences(refs: list[dict], sample: list[tuple[list[int], bool]], along: d
     for i, (new, ok) in enumerate(sample):
         p = refs[i]["prompt_len"]
         pos = first_divergence(refs[i]["ids"][0, p:].tolist(), new)
-        stats.add(i, pos, p, along[i], refs[i]["loss"].cpu(), refs[i]["entropy"].cpu(), ok)
+        stats.add(i, pos, p, along[i], refs[i]["loss"], refs[i]["entropy"], ok)
     return stats.row()
 
 
@@ -313,7 +313,7 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
             else:
                 loss, held = teacher_forced(m, model, batch, settings, seed, future, prio)
             metrics.add(loss, held, batch, protect_label is True, settings)
-            along |= {i: loss[r, :n].cpu() for r, (i, n) in enumerate(zip(batch["members"], batch["lengths"]))}
+            along |= {i: loss[r, :n] for r, (i, n) in enumerate(zip(batch["members"], batch["lengths"]))}  # views
             if future is not None:
                 metrics.add_recalls(batch, golden_pass_for(m, B, L, settings, bi, batch, future, seed).recalls.pop(m.name, []))
             bar.update(1)

@@ -256,7 +256,8 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
             row = ds[i]
             ids = torch.tensor([row["input_ids"]], device=device)
             slot = rank + j * world  # the trace's place in the global batch: sampling does not depend on world size
-            gen = torch.Generator(device=device).manual_seed(grpo_cfg.seed * 7919 + step * 131 + slot)
+            draw_seed = grpo_cfg.seed * 7919 + step * 131 + slot
+            gen = torch.Generator(device=device).manual_seed(draw_seed)
             bank.eval()
             res, steps, overlap = group_rollout(model, bank, ids, grpo_cfg.group, settings, grpo_cfg.temperature, gen,
                                                 row["prompt_len"], grpo_cfg.ratio)
@@ -264,7 +265,7 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
                                   torch.tensor(row["token_entropy"], device=device),
                                   first_scored_token(settings, row["prompt_len"]), grpo_cfg)
             if grpo_cfg.control == "permuted":  # the null control: rewards no longer belong to their trajectories
-                perm = torch.randperm(len(r), generator=torch.Generator().manual_seed(grpo_cfg.seed * 7919 + step * 131 + slot))
+                perm = torch.randperm(len(r), generator=torch.Generator().manual_seed(draw_seed))
                 r = r[perm.to(r.device)]
             groups.append((steps, r, group_advantage(r), overlap))
         bank.train()
