@@ -4,6 +4,7 @@
     foresight sft    --recipe recipes/tiny-qwen3.yaml --traces runs/traces --out runs/sft
     foresight grpo   --recipe recipes/tiny-qwen3.yaml --traces runs/traces --init runs/sft --out runs/grpo
     foresight eval   --recipe recipes/tiny-qwen3.yaml --methods full,h2o --budgets 256:64 --out runs/eval
+    foresight compare runs/eval-sft runs/eval-grpo     # paired bootstrap: is the candidate better on the same traces?
 """
 
 from __future__ import annotations
@@ -56,7 +57,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scorers", type=Path, action="append", default=[], help="a scorer checkpoint (repeatable)")
     p.add_argument("--record", action="store_true",
                    help="also store the results in each --scorers checkpoint (config.json and model card)")
+
+    p = sub.add_parser("compare", help="paired comparison of two evaluated methods on the same held-out traces")
+    p.add_argument("base", type=Path, help="an eval output folder (or its results.json): the baseline")
+    p.add_argument("candidate", type=Path, help="an eval output folder (or its results.json): the candidate")
+    p.add_argument("--base-method", default=None, help="the base's method (default: its only one besides full)")
+    p.add_argument("--method", default=None, help="the candidate's method (default: its only one besides full)")
+    p.add_argument("--json", type=Path, default=None, help="also write the comparison as JSON here")
     return ap
+
+
+def _compare(args) -> int:
+    from foresight import atomic
+    from foresight.compare import compare, compare_table
+
+    result = compare(args.base, args.candidate, args.base_method, args.method)
+    print(compare_table(result), end="")
+    if args.json is not None:
+        atomic.write_json(args.json, result, indent=1)
+    return 0
 
 
 def _error(message: str) -> int:
@@ -67,6 +86,11 @@ def _error(message: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.cmd == "compare":  # reads evaluations only: no recipe, no model
+        try:
+            return _compare(args)
+        except (ValueError, FileNotFoundError) as e:
+            return _error(f"compare: {e}")
     from foresight.config import RecipeError, load_recipe
 
     try:

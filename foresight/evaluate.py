@@ -7,11 +7,14 @@ For each (method, budget B:L) it reports, on ``eval.num_problems`` held-out prob
 * ``low_entropy_loss_increase`` / ``high_entropy_loss_increase`` — mean per-token loss increase after the first
   eviction on the lowest-80%-entropy tokens and on the rest (paper Table 1);
 * ``accuracy`` — task accuracy of generation under eviction, pass@1 averaged over ``eval.n_samples`` seeded
-  samples (avg@n; one greedy sample when ``eval.do_sample`` is false), by the task's checker;
+  samples (avg@n; one greedy sample when ``eval.do_sample`` is false), by the task's checker; per problem in
+  ``per_problem_solved``;
 * ``recall_at_L`` — overlap of the method's L evictions with Golden Eviction's along the golden trajectory;
 * ``keep_recall`` — at the same steps, the share of the candidates golden keeps that the method keeps too (KVpop's
   "top-k retention recall"; with B - L of ~B candidates kept, it is far higher than recall@L: 1 - L(1 - recall@L)/kept);
 * ``mean_cache`` — mean pairs held per (sequence, layer, KV head) over the teacher-forced traces;
+* ``per_trace`` — each held-out trace's sums behind the ratios (evicted and full-cache loss, low- and high-entropy
+  loss increase with their token counts) and its id, for paired comparisons (``foresight compare``);
 * ``divergence`` (greedy decoding) — where generation under eviction first leaves the full-cache reference, and the
   teacher-forced loss increase and full-cache entropy at that token (:mod:`foresight.divergence`).
 
@@ -108,8 +111,9 @@ def golden_pass(methods: list[Method], model, batch: dict, settings: EvictionSet
 
 
 def accuracy(method: Method, recipe, model, tok, problems, budget: int, interval: int, device):
-    """Task accuracy of generation under the method (pass@1 averaged over the seeded samples), the number of samples
-    and the first sample's (new tokens, correct) per problem."""
+    """Task accuracy of generation under the method per problem (the share of the seeded samples that solve it: pass@1
+    with ``eval.n_samples``), the number of samples and the first sample's (new tokens, correct) per problem;
+    (None, 0, None) when there is no accuracy to measure."""
     if method.teacher_forced_only or recipe.task.kind == "none":
         return None, 0, None  # golden needs the future; a task without a checker has no accuracy
     eval_cfg = recipe.eval
@@ -117,7 +121,7 @@ def accuracy(method: Method, recipe, model, tok, problems, budget: int, interval
     ids, mask = prompts.pad_rows([prompts.encode(p, tok) for p in problems], tok.pad_token_id, device)
     decoding = Decoding.from_recipe(recipe.traces, tok, do_sample=eval_cfg.do_sample)
     settings = method.settings(budget, interval, "evict")
-    correct, first = 0, None
+    solved, first = [0] * len(problems), None
     for k in range(n):
         gen = torch.Generator(device=device).manual_seed(eval_cfg.seed * 1009 + k)
         out = generate(model, ids, mask, max_new_tokens=recipe.traces.max_new_tokens, policy=method.make_policy(),
@@ -126,9 +130,9 @@ def accuracy(method: Method, recipe, model, tok, problems, budget: int, interval
         for p, new in zip(problems, out.new_tokens.tolist()):
             new = decoding.truncate(new)
             sample.append((new, bool(prompts.check(recipe, new, tok.decode(new, skip_special_tokens=True), p.answer))))
-        correct += sum(ok for _, ok in sample)
+        solved = [c + ok for c, (_, ok) in zip(solved, sample)]
         first = first or sample
-    return correct / (n * len(problems)), n, first
+    return [c / n for c in solved], n, first
 
 
 def loss_increases(loss, full_loss, entropy, start: int):
@@ -198,7 +202,9 @@ class TraceMetrics:
                 "keep_recall": mean_of(keep) if keep else None, "keep_recall_ci": ci(keep) if keep else None,
                 "mean_cache": round(sum(self.held) / len(self.held), 1),
                 "per_trace": {"evicted_loss": [round(x, 5) for x in self.evicted],
-                              "full_loss": [round(x, 5) for x in self.full], "trace": self.traces}}
+                              "full_loss": [round(x, 5) for x in self.full], "trace": self.traces,
+                              "low_entropy": [[round(v, 6), c] for v, c in self.low],  # (sum of increases, tokens)
+                              "high_entropy": [[round(v, 6), c] for v, c in self.high]}}
 
 
 @locks_output("eval")
@@ -317,11 +323,12 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
             if future is not None:
                 metrics.add_recalls(batch, golden_pass_for(m, B, L, settings, bi, batch, future, seed).recalls.pop(m.name, []))
             bar.update(1)
-        acc, n, sample = accuracy(m, recipe, model, tok, problems, B, L, device)
+        solved, n, sample = accuracy(m, recipe, model, tok, problems, B, L, device)
         bar.update(1)
         rows.append({"method": m.name, "budget": B, "interval": L, "protect_prompt": protect_label,
-                     "accuracy": None if acc is None else round(acc, 4), "n_samples": n,
+                     "accuracy": None if solved is None else round(sum(solved) / len(solved), 4), "n_samples": n,
                      "num_problems": len(problems)} | metrics.row(eval_cfg.seed)
+                    | {"per_problem_solved": None if solved is None else [round(c, 4) for c in solved]}
                     | {"divergence": None if sample is None or eval_cfg.do_sample else divergences(refs, sample, along)})
         atomic.write_json(out / "results.json", rows, indent=1)  # each finished row is on disk at once
     bar.close()

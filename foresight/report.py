@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from foresight.paired import BOOTSTRAP, aligned, paired_diff_ci
 from foresight.styles import RESOLUTION, budgets, describe, method_group, pct, series_label
-
-BOOTSTRAP = 1000  # resamples of the held-out traces for a 95% interval
 
 
 def bootstrap_ci(num: list[float], den: list[float] | None = None, seed: int = 0) -> list[float] | None:
@@ -28,27 +27,30 @@ def bootstrap_ci(num: list[float], den: list[float] | None = None, seed: int = 0
 
 def paired_ratio_diff_ci(a: dict, b: dict, seed: int = 0) -> list[float] | None:
     """95% interval of loss ratio(a) − loss ratio(b) resampling the *same* held-out traces for both (a paired
-    bootstrap: the spread of trace difficulty, which widens each method's own interval, cancels). ``a``, ``b``: the
-    ``per_trace`` dicts of two rows (``evicted_loss``, ``full_loss`` and, from evaluations since 2026-12, ``trace``:
-    the held-out trace of each entry). Traces are matched by ``trace`` when both rows have it (batching may order them
-    differently), else by position when the full-cache losses are the same list, else by their full-cache loss; None
-    when the two rows do not hold the same traces or cannot be matched."""
+    bootstrap, :mod:`foresight.paired`). ``a``, ``b``: the ``per_trace`` dicts of two rows (``evicted_loss``,
+    ``full_loss`` and, from evaluations since 2026-12, ``trace``: the held-out trace of each entry). Traces are matched
+    by ``trace`` when both rows have it (batching may order them differently), else by position when the full-cache
+    losses are the same list, else by their full-cache loss; None when the two rows do not hold the same traces or
+    cannot be matched."""
+    pairs = match_traces(a, b)
+    if pairs is None:
+        return None
+    ia, ib = ([p[k] for p in pairs] for k in (0, 1))
+    full = [a["full_loss"][i] for i in ia]
+    return paired_diff_ci([b["evicted_loss"][j] for j in ib], full, [a["evicted_loss"][i] for i in ia], full, seed)
+
+
+def match_traces(a: dict, b: dict) -> list[tuple[int, int]] | None:
+    """Index pairs of the same held-out trace in two rows' ``per_trace`` dicts (see :func:`paired_ratio_diff_ci`)."""
     if a.get("trace") is not None and b.get("trace") is not None:
         ka, kb = a["trace"], b["trace"]
     elif a["full_loss"] == b["full_loss"]:  # the same traces in the same order
         ka = kb = list(range(len(a["full_loss"])))
     else:
         ka, kb = ([round(f, 4) for f in p["full_loss"]] for p in (a, b))
-    if not ka or len(set(ka)) != len(ka) or sorted(ka) != sorted(kb) or len(kb) != len(b["evicted_loss"]) \
-            or len(ka) != len(a["evicted_loss"]):
+    if len(ka) != len(a["evicted_loss"]) or len(kb) != len(b["evicted_loss"]):
         return None
-    ea, eb, fa = (dict(zip(k, v)) for k, v in ((ka, a["evicted_loss"]), (kb, b["evicted_loss"]), (ka, a["full_loss"])))
-    keys = sorted(ka)
-    full, ea, eb = (np.asarray([t[k] for k in keys], dtype=np.float64) for t in (fa, ea, eb))
-    idx = np.random.default_rng(seed).integers(0, len(keys), size=(BOOTSTRAP, len(keys)))
-    d = (ea[idx].sum(1) - eb[idx].sum(1)) / np.maximum(full[idx].sum(1), 1e-12)
-    lo, hi = np.percentile(d, [2.5, 97.5])
-    return [round(float(lo), 5), round(float(hi), 5)]
+    return aligned(ka, kb)
 
 
 def _prot(v) -> str:

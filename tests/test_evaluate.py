@@ -38,6 +38,13 @@ def test_eval_writes_results_tables_and_plots_reproducibly(tiny_model_dir, tmp_p
             assert x["accuracy"] is None
         if x["method"] not in ("full", "random-keep-prompt"):
             assert x["mean_cache"] <= x["budget"] + x["interval"]
+        for part in ("low_entropy", "high_entropy"):  # the per-trace sums behind the row (for paired comparisons)
+            sums = x["per_trace"][part]
+            n = sum(c for _, c in sums)  # 0 when no trace runs past the first eviction (a protected prompt at B=24)
+            assert len(sums) == 3 and (n > 0 or x["method"] == "random-keep-prompt")
+            assert sum(v for v, _ in sums) / max(n, 1) == pytest.approx(x[f"{part}_loss_increase"], abs=2e-5)
+        if x["accuracy"] is not None:
+            assert len(x["per_problem_solved"]) == 3 and sum(x["per_problem_solved"]) / 3 == pytest.approx(x["accuracy"])
         if x["accuracy"] is not None:  # greedy: where generation left the reference, and the loss there
             d = x["divergence"]
             assert len(d["per_problem"]) == 3 and 0 <= d["diverged"] <= 1
@@ -47,6 +54,18 @@ def test_eval_writes_results_tables_and_plots_reproducibly(tiny_model_dir, tmp_p
                 if "loss" in item:  # the same cache as the teacher-forced rollout up to there: the reference token
                     assert item["loss"] >= math.log(2) - 1e-3  # lost its argmax, so its probability is below 1/2
     assert "First divergence" in (tmp_path / "ev" / "results.md").read_text()
+    # `foresight compare` on two rows of this evaluation: the full cache against StreamingLLM, paired on the traces
+    from foresight.cli import main as cli_main
+
+    assert cli_main(["compare", str(tmp_path / "ev"), str(tmp_path / "ev"), "--base-method", "full", "--method",
+                     "streamingllm", "--json", str(tmp_path / "cmp.json")]) == 0
+    cmp = json.loads((tmp_path / "cmp.json").read_text())
+    assert [(c["budget"], c["interval"]) for c in cmp["rows"]] == [(12, 4), (24, 4)]
+    for c in cmp["rows"]:
+        lr = c["metrics"]["loss_ratio"]
+        st = next(x for x in rows if x["method"] == "streamingllm" and x["budget"] == c["budget"])
+        assert lr["base"] == pytest.approx(1.0) and lr["candidate"] == pytest.approx(st["loss_ratio"], rel=1e-4)
+        assert set(c["metrics"]) == {"loss_ratio", "low_entropy_loss_increase", "high_entropy_loss_increase", "accuracy"}
     rkp = next(x for x in rows if x["method"] == "random-keep-prompt")
     assert rkp["protect_prompt"] is True and rkp["budget"] == 24
     for f in ("results.json", "results.md", "accuracy.png", "loss_ratio.png", "eviction_map.png"):
