@@ -1,7 +1,7 @@
 """``make demo``: the whole pipeline on the embedded default — traces → SFT → GRPO → eval — printing the
-results table and, last, one summary line per budget (best learned scorer, best heuristic, golden). Completed
-stages are skipped when run again (traces resume; a finished SFT or GRPO checkpoint is reused), so an interrupted
-demo continues where it stopped.
+results table, one summary line per budget (best learned scorer, best heuristic, golden) and, last, the paired
+GRPO-vs-SFT comparison (``eval/grpo_vs_sft.md``, :mod:`foresight.compare`). Completed stages are skipped when run
+again (traces resume; a finished SFT or GRPO checkpoint is reused), so an interrupted demo continues where it stopped.
 
     python -m foresight.demo --recipe recipes/tiny-qwen3.yaml --out runs/tiny-qwen3
 """
@@ -52,6 +52,12 @@ def main(argv=None) -> int:
 
     rows = run_eval(recipe, a.out / "eval", scorers=[sft_dir, grpo_dir], record=True)  # the demo's own scorers
     print("\n" + "\n".join(report.summary_lines(rows, plots.read_meta(a.out / "eval"))), flush=True)
+    from foresight import atomic
+    from foresight.compare import compare, compare_table
+
+    grpo_vs_sft = compare_table(compare(a.out / "eval", a.out / "eval", "foresight-sft", "foresight-grpo"))
+    atomic.write_text(a.out / "eval" / "grpo_vs_sft.md", grpo_vs_sft)  # does GRPO beat its SFT start? (paired)
+    print("\n" + grpo_vs_sft, flush=True)
     print(f"\ndemo finished in {time.time() - t0:.0f} s; figures in {a.out / 'eval'} (overview.png: accuracy and "
           "loss increase per token against the budget)", flush=True)
     return 0
