@@ -32,13 +32,24 @@ def paired_diff_ci(num_a: Sequence[float], den_a: Sequence[float] | None, num_b:
         return None
     if not len(num_a) == len(num_b) == len(den_a if den_a is not None else num_a) == len(den_b if den_b is not None else num_b):
         raise ValueError("paired_diff_ci: the two sides must hold the same number of aligned items")
-    idx = np.random.default_rng(seed).integers(0, len(num_a), size=(BOOTSTRAP, len(num_a)))
+    idx = resamples(len(num_a), seed)
+    return percentile_interval(resampled_stat(num_b, den_b, idx) - resampled_stat(num_a, den_a, idx))
 
-    def stat(num, den):
-        n = np.asarray(num, dtype=np.float64)[idx]
-        if den is None:
-            return n.mean(1)
-        return n.sum(1) / np.maximum(np.asarray(den, dtype=np.float64)[idx].sum(1), 1e-12)
 
-    lo, hi = np.percentile(stat(num_b, den_b) - stat(num_a, den_a), [2.5, 97.5])
+def resamples(n: int, seed: int) -> np.ndarray:
+    """[BOOTSTRAP, n] indices of ``n`` items drawn with replacement (seeded: the same seed, the same resamples)."""
+    return np.random.default_rng(seed).integers(0, n, size=(BOOTSTRAP, n))
+
+
+def resampled_stat(num: Sequence[float], den: Sequence[float] | None, idx: np.ndarray) -> np.ndarray:
+    """Per resample (a row of ``idx``): Σnum/Σden, or the mean of ``num`` when ``den`` is None."""
+    n = np.asarray(num, dtype=np.float64)[idx]
+    if den is None:
+        return n.mean(1)
+    return n.sum(1) / np.maximum(np.asarray(den, dtype=np.float64)[idx].sum(1), 1e-12)
+
+
+def percentile_interval(stats: np.ndarray) -> list[float]:
+    """The 95% percentile interval of bootstrap statistics, rounded to 5 decimals."""
+    lo, hi = np.percentile(stats, [2.5, 97.5])
     return [round(float(lo), 5), round(float(hi), 5)]

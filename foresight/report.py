@@ -3,9 +3,7 @@ summary."""
 
 from __future__ import annotations
 
-import numpy as np
-
-from foresight.paired import BOOTSTRAP, aligned, paired_diff_ci
+from foresight.paired import aligned, paired_diff_ci, percentile_interval, resampled_stat, resamples
 from foresight.styles import RESOLUTION, budgets, describe, method_group, pct, series_label
 
 
@@ -14,15 +12,7 @@ def bootstrap_ci(num: list[float], den: list[float] | None = None, seed: int = 0
     None, resampling the traces with replacement (seeded: the same values give the same interval)."""
     if not num:
         return None
-    a = np.asarray(num, dtype=np.float64)
-    idx = np.random.default_rng(seed).integers(0, len(a), size=(BOOTSTRAP, len(a)))
-    if den is None:
-        stats = a[idx].mean(1)
-    else:
-        b = np.asarray(den, dtype=np.float64)
-        stats = a[idx].sum(1) / np.maximum(b[idx].sum(1), 1e-12)
-    lo, hi = np.percentile(stats, [2.5, 97.5])
-    return [round(float(lo), 5), round(float(hi), 5)]
+    return percentile_interval(resampled_stat(num, den, resamples(len(num), seed)))
 
 
 def paired_ratio_diff_ci(a: dict, b: dict, seed: int = 0) -> list[float] | None:
