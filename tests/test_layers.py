@@ -14,7 +14,7 @@ PRIMITIVES = {"config", "features", "selection", "shapes", "atomic", "handoff", 
 ENGINE = {"models", "rollout", "generate", "static_step", "recorded", "golden", "scorer", "policies", "kvpop.topk",
           "kvpop.target", "kvpop.scorers"}
 PLUMBING = {"training", "checkpoint", "plots", "methods", "references", "report", "divergence", "styles", "completions",
-            "golden_store", "eval_resume", "realbench_report", "paired", "compare"}
+            "golden_store", "eval_resume", "realbench_report", "paired", "compare", "trace_metrics"}
 STAGES = {"traces", "sft", "grpo", "kvpop.train", "evaluate"}
 ENTRY = {"", "cli", "__main__", "demo", "bench", "gpubench", "integrations", "kvpop", "opcount", "realbench", "predictability"}
 LAYERS = [PRIMITIVES, ENGINE, PLUMBING, STAGES, ENTRY]
