@@ -60,12 +60,13 @@ def _kind(cfg: dict, where: str = "the checkpoint") -> tuple:
 
 
 def save_scorer(bank: torch.nn.Module, out: Path, model_info: dict, budget: int, interval: int, sinks: int,
-                stage: str, metrics: dict | None = None, extra: dict | None = None) -> Path:
+                stage: str, metrics: dict | None = None, extra: dict | None = None, weights: dict | None = None) -> Path:
     """Write the standalone checkpoint of ``bank`` (a :class:`ScorerBank` or a KVpop scorer) into ``out`` (other
     files there, e.g. a run's logs, are left alone).
 
     Each file is written aside and renamed into place; the weights go first and ``config.json`` last, so a
-    folder with a config always has matching weights."""
+    folder with a config always has matching weights. ``weights``: the bank's full state dict when ``bank`` itself
+    may hold only a partition of it (default: ``bank.state_dict()``)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = {
@@ -74,7 +75,7 @@ def save_scorer(bank: torch.nn.Module, out: Path, model_info: dict, budget: int,
         "metrics": metrics or {}, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         **(extra or {}),
     }
-    weights = {k: v.detach().float().contiguous().cpu() for k, v in bank.state_dict().items()}
+    weights = {k: v.detach().float().contiguous().cpu() for k, v in (weights or bank.state_dict()).items()}
     atomic.replace(out / "model.safetensors", lambda tmp: save_file(weights, tmp))
     _write_config(out, cfg)
     return out

@@ -141,6 +141,7 @@ class SFTConfig:
                             # run on the same traces and settings (foresight.golden_store); 0: every step, in the run
     grad_clip: float = 1.0
     ckpt_every: int = 50
+    snapshots: bool = False  # also keep the scorers of every checkpoint as OUT/steps/step-NNNNNN (evaluable)
     seed: int = 0
     deepspeed: str | None = None
     objective: str = "foresight"  # foresight (golden ranking, pairwise hinge) | kvpop (boundary loss, see `kvpop`)
@@ -197,6 +198,8 @@ class GRPOConfig:
     control: str = "none"  # none | permuted: each group's rewards shuffled among its trajectories before the
                            # advantages (a null control: the same update sizes without the rewards' information)
     ckpt_every: int = 10
+    snapshots: bool = False  # also keep the scorers of every checkpoint as OUT/steps/step-NNNNNN, for a held-out
+                             # curve (`foresight eval --scorers OUT/steps/step-000005 ...`)
     val_traces: int = 2  # the last traces of the dataset, held out for validation (at most a quarter of them)
     seed: int = 0
     deepspeed: str | None = None

@@ -55,7 +55,7 @@ from foresight.config import EvictionSettings
 from foresight.selection import candidate_window, window_draw_logprobs, window_logits, window_set_logprob
 from foresight.trace_data import load_traces
 from foresight.training import check_traces_model, finish_run, full_state_dict, optimizer_step, progress_bar, \
-    resumed_extra, run_identity, save_progress, setup_training, split_traces, summary_writer, train_plan
+    resumed_extra, run_identity, save_progress, save_snapshot, setup_training, split_traces, summary_writer, train_plan
 
 
 def trajectory_reward(loss, full_loss, full_entropy, start: int, grpo_cfg) -> torch.Tensor:
@@ -237,6 +237,7 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
                       identity=run_identity(recipe, ("model", "cache", "grpo"), ds, init=init_cfg.get("created")))
     opt, sched, ckpt, start, engine = setup_training(bank, plan, out, resume, rank, deepspeed_config, "GRPO", log)
     writer = summary_writer(out, rank)
+    provenance = {"training_data": str(traces_dir), "init": str(init), "recipe": recipe.to_dict()}
     resumed = resumed_extra(ckpt) if start else {}  # a resumed run keeps what it measured before
     first_val = validate(model, bank, ds, val_idx, settings, grpo_cfg) if (val_idx and start == 0) else \
         resumed.get("first_val")
@@ -313,7 +314,8 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
                     if k in stats:
                         writer.add_scalar(f"grpo/{k}", stats[k], step)
         save_progress(step, plan, bank, opt, sched, engine, ckpt, rank,  # every rank (ZeRO-3 gathers)
-                      extra={"first_val": first_val, "last": stats, "history": hist})
+                      extra={"first_val": first_val, "last": stats, "history": hist},
+                      snapshot=lambda w: save_snapshot(out, step + 1, w, bank, model, recipe, "grpo", stats, provenance))
     metrics = {"steps": grpo_cfg.steps, "group": grpo_cfg.group, "val_traces": len(val_idx),
                "train_seconds_this_run": round(time.time() - t0, 1)}
     if hist:
@@ -324,6 +326,6 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
         metrics.update({k: round(v, 5) for k, v in final.items() if k.startswith("val_")})
         if first_val:
             metrics.update({f"sft_{k}": round(v, 5) for k, v in scalars(first_val).items()})
-    finish_run(out, rank, world, full_state_dict(bank, engine), bank, model, recipe, "grpo", metrics,
-               {"training_data": str(traces_dir), "init": str(init), "recipe": recipe.to_dict()}, writer, log)
+    finish_run(out, rank, world, full_state_dict(bank, engine), bank, model, recipe, "grpo", metrics, provenance,
+               writer, log)
     return bank, metrics

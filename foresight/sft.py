@@ -36,7 +36,7 @@ from foresight.report import bootstrap_ci
 from foresight.selection import top_indices, topk_overlap
 from foresight.scorer import ScorerBank, bank_for_model
 from foresight.training import finish_run, full_state_dict, load_stage_inputs, optimizer_step, progress_bar, \
-    resumed_extra, run_identity, save_progress, setup_training, summary_writer, train_plan
+    resumed_extra, run_identity, save_progress, save_snapshot, setup_training, summary_writer, train_plan
 
 
 # ------------------------------------------------------------------------------------------------ loss
@@ -219,6 +219,7 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
         return [(s.interval, golden_states(i, k) + (extra if k == 0 else [])) for k, s in enumerate(settings)]
 
     writer = summary_writer(out, rank)
+    provenance = {"training_data": str(traces_dir), "recipe": recipe.to_dict()}
     bar = progress_bar(start, cfg.steps, "sft", progress, rank)
     t0 = time.time()
     last = resumed_extra(ckpt).get("last", {}) if start else {}  # a resumed run reports its latest metrics
@@ -244,7 +245,8 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
             for layer, r in enumerate(rec.tolist()):
                 writer.add_scalar(f"sft/recall@L/layer{layer}", r, step)
         bar.set_postfix(loss=f"{last['loss']:.4f}", recall=f"{last['recall']:.3f}")
-        save_progress(step, plan, bank, opt, sched, engine, ckpt, rank, extra={"last": last})
+        save_progress(step, plan, bank, opt, sched, engine, ckpt, rank, extra={"last": last},
+                      snapshot=lambda w: save_snapshot(out, step + 1, w, bank, model, recipe, "sft", last, provenance))
     train_seconds = time.time() - t0
     metrics = {"train_loss": round(last.get("loss", float("nan")), 5),
                "train_recall_at_L": round(last.get("recall", float("nan")), 4), "steps": cfg.steps,
@@ -279,6 +281,5 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
     if engine is not None and engine.zero_optimization_stage() == 3:
         bank = bank_for_model(model, recipe.scorer.hidden, recipe.scorer.activation, recipe.scorer.features)
         bank.load_state_dict(weights)  # a plain, unpartitioned copy for saving and for the caller
-    finish_run(out, rank, world, weights, bank, model, recipe, "sft", metrics,
-               {"training_data": str(traces_dir), "recipe": recipe.to_dict()}, writer, log)
+    finish_run(out, rank, world, weights, bank, model, recipe, "sft", metrics, provenance, writer, log)
     return bank, metrics

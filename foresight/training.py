@@ -9,6 +9,8 @@
 * **Steps** (:func:`optimizer_step`, :func:`save_progress`): backward and one optimiser step (through DeepSpeed
   when it wraps the scorers); the resumable state every ``ckpt_every`` steps and at the end, written atomically
   (:func:`foresight.atomic.torch_save`) by rank 0.
+* **Snapshots** (:func:`save_snapshot`): with ``snapshots: true``, a standalone scorer checkpoint at every checkpoint
+  step (``OUT/steps/step-NNNNNN``), for a held-out curve of the run.
 * **End** (:func:`finish_run`): the standalone scorer checkpoint (:func:`foresight.checkpoint.save_scorer`),
   ``metrics.json``, and in multi-process runs every rank's final weights.
 * **Logging** (:func:`summary_writer`, :func:`progress_bar`): TensorBoard (``OUT/tb``) and the tqdm bar, on rank 0.
@@ -90,6 +92,7 @@ class TrainPlan:
     grad_clip: float
     ckpt_every: int
     deepspeed: str | None = None
+    snapshots: bool = False  # the stage also keeps a standalone scorer checkpoint at every checkpoint (save_snapshot)
     engine_schedules: bool = True  # under DeepSpeed, the engine steps the schedule at each optimiser step
     identity: dict | None = None  # what a resumed run must match (see run_identity); None: not checked
 
@@ -109,7 +112,7 @@ def run_identity(recipe, sections: tuple[str, ...], ds, **extra) -> dict:
 
 
 # what a resumed run may change in its stage's section: how long, how often it checkpoints, how it is distributed
-RESUMABLE_CHANGES = ("steps", "ckpt_every", "deepspeed", "cache_golden")
+RESUMABLE_CHANGES = ("steps", "ckpt_every", "deepspeed", "cache_golden", "snapshots")
 
 
 def identity_changes(saved: dict, now: dict) -> list[str]:
@@ -247,19 +250,42 @@ def optimizer_step(loss, bank, opt, engine, grad_clip: float) -> None:
 
 
 def save_progress(step: int, plan: TrainPlan, module, opt, sched, engine, ckpt: Path, rank: int,
-                  extra: dict | None = None) -> dict | None:
+                  extra: dict | None = None, snapshot=None) -> dict | None:
     """Every ``ckpt_every`` steps and at the end: the resumable state (with the run's identity and the stage's
     ``extra``, e.g. its latest metrics), written atomically by rank 0. Call on every rank. Returns the full weights
-    it saved (None when no checkpoint was due)."""
+    it saved (None when no checkpoint was due). With ``plan.snapshots``, ``snapshot(weights)`` (a
+    :func:`save_snapshot`) runs first, so a job killed between the two redoes the step and writes its snapshot."""
     if (step + 1) % plan.ckpt_every == 0 or step + 1 == plan.steps:
         weights = full_state_dict(module, engine)  # collective under ZeRO-3: every rank takes part
         if rank == 0:
+            if plan.snapshots and snapshot is not None:
+                snapshot(weights)
             # under DeepSpeed the Adam moments live in its partitions: a resumed DeepSpeed run restarts them
             atomic.torch_save({"bank": weights, "opt": opt.state_dict() if engine is None else None,
                                "sched": sched.state_dict(), "step": step + 1, "identity": plan.identity,
                                "extra": extra or {}}, ckpt)
         return weights
     return None
+
+
+def _save_standalone(path: Path, bank, model, recipe, stage: str, metrics: dict, extra: dict,
+                     weights: dict | None = None) -> Path:
+    """The standalone scorer checkpoint of ``bank`` in ``path``, described by the LLM and the recipe's cache settings."""
+    settings = recipe.cache
+    return save_scorer(bank, path, describe(model) | {"revision": recipe.model.revision, "path": recipe.model.path,
+                                                      "gguf_file": recipe.model.gguf_file},
+                       settings.budget, settings.interval, settings.sinks, stage, metrics, extra=extra, weights=weights)
+
+
+def save_snapshot(out: Path, step: int, weights: dict, bank, model, recipe, stage: str, metrics: dict,
+                  extra: dict) -> Path:
+    """With the stage's ``snapshots: true``, at each checkpoint (rank 0): the scorers as they are after ``step``
+    optimiser steps, as a standalone checkpoint in ``OUT/steps/step-NNNNNN`` — so a run's curve can be measured on
+    held-out problems (``foresight eval --scorers OUT/steps/step-000005 --scorers ...``), not only on its few
+    validation traces. ``weights``: the full weights :func:`save_progress` returned; ``metrics``: the step's own
+    (reward, KL, ...)."""
+    return _save_standalone(out / "steps" / f"step-{step:06d}", bank, model, recipe, stage,
+                            {"step": step, **metrics}, extra | {"snapshot_of": str(out), "step": step}, weights)
 
 
 def finish_run(out: Path, rank: int, world: int, weights: dict, bank, model, recipe, stage: str, metrics: dict,
@@ -271,10 +297,7 @@ def finish_run(out: Path, rank: int, world: int, weights: dict, bank, model, rec
         save_file({k: v.detach().float().contiguous().cpu() for k, v in weights.items()},
                   str(out / "ckpt" / f"final-rank{rank}.safetensors"))
     if rank == 0:
-        settings = recipe.cache
-        save_scorer(bank, out, describe(model) | {"revision": recipe.model.revision, "path": recipe.model.path,
-                                                  "gguf_file": recipe.model.gguf_file},
-                    settings.budget, settings.interval, settings.sinks, stage, metrics, extra=extra)
+        _save_standalone(out, bank, model, recipe, stage, metrics, extra)
         atomic.write_json(out / "metrics.json", metrics, indent=1)
         if writer is not None:
             writer.close()

@@ -114,15 +114,30 @@ def test_grpo_runs_checkpoints_and_resumes(tiny_model_dir, tmp_path):
     # a run killed right after its step-2 checkpoint (written by the stages' shared save_progress) and resumed
     # ends with the same weights
 
+    # (this run also keeps its snapshots: a setting a resume may change, which does not change the training)
+    r2 = load_recipe("recipes/tiny-qwen3.yaml", [f"model.path={tiny_model_dir}", *SETS, "grpo.ratio=draw",
+                                                 "grpo.snapshots=true"])
     with killed_after_checkpoint():
-        train_grpo(r, tdir, tmp_path / "sft", tmp_path / "grpo2", progress=False, log=lambda *_: None)
+        train_grpo(r2, tdir, tmp_path / "sft", tmp_path / "grpo2", progress=False, log=lambda *_: None)
     assert torch.load(tmp_path / "grpo2" / "ckpt" / "state.pt", weights_only=False)["step"] == 2
-    resumed, m2 = train_grpo(r, tdir, tmp_path / "sft", tmp_path / "grpo2", resume=True, progress=False,
+    resumed, m2 = train_grpo(r2, tdir, tmp_path / "sft", tmp_path / "grpo2", resume=True, progress=False,
                              log=lambda *_: None)
     assert "val_reward" in m2["history"][1]  # the point validated before the kill is in the resumed run's curve
     assert "val_loss_ratio_change" in m2["history"][2]  # the start's per-trace losses survive the kill
     for k, v in bank.state_dict().items():
         assert torch.allclose(v, resumed.state_dict()[k], atol=1e-6), k
+    # snapshots: one standalone, loadable checkpoint per checkpoint step (step 2 written before the kill), the last
+    # one the final scorers; none without the setting
+    assert not (tmp_path / "grpo" / "steps").exists()
+    steps = tmp_path / "grpo2" / "steps"
+    assert sorted(p.name for p in steps.iterdir()) == ["step-000002", "step-000003"]
+    snap, snap_cfg = load_scorer(steps / "step-000002")
+    assert snap_cfg["stage"] == "grpo" and snap_cfg["step"] == 2 and snap_cfg["metrics"]["step"] == 2
+    assert snap_cfg["metrics"]["reward_mean"] == pytest.approx(m2["history"][1]["reward_mean"], abs=1e-6)
+    assert any(not torch.equal(a, b) for a, b in zip(snap.state_dict().values(), resumed.state_dict().values()))
+    last, _ = load_scorer(steps / "step-000003")
+    for k, v in resumed.state_dict().items():
+        assert torch.equal(v, last.state_dict()[k]), k
 
 
 @pytest.mark.parametrize("zero", ["zero2", "zero3-partitioned"])

@@ -84,7 +84,7 @@ def test_sft_trains_saves_and_resumes_exactly(sft_setup, tmp_path):
         assert torch.equal(v, loaded.state_dict()[k])
     # kill after step 3 (the checkpoint at step 3 exists), resume: identical final weights
     out2 = tmp_path / "sft2"
-    r3 = load_recipe("recipes/tiny-qwen3.yaml", [f"model.path={r.model.path}", *SETS, "sft.steps=6"])
+    r3 = load_recipe("recipes/tiny-qwen3.yaml", [f"model.path={r.model.path}", *SETS, "sft.steps=6", "sft.snapshots=true"])
     from foresight import atomic
 
     class Kill(Exception):
@@ -110,6 +110,15 @@ def test_sft_trains_saves_and_resumes_exactly(sft_setup, tmp_path):
     resumed, _ = train_sft(r3, tdir, out2, resume=True, progress=False, log=lambda *_: None)
     for k, v in bank.state_dict().items():
         assert torch.allclose(v, resumed.state_dict()[k], atol=1e-6), k
+    # sft.snapshots: the scorers of each checkpoint (step 3 written before the kill), the last the final ones
+    assert not (out / "steps").exists()
+    assert sorted(p.name for p in (out2 / "steps").iterdir()) == ["step-000003", "step-000006"]
+    mid, mid_cfg = load_scorer(out2 / "steps" / "step-000003")
+    assert mid_cfg["stage"] == "sft" and mid_cfg["step"] == 3 and 0 <= mid_cfg["metrics"]["recall"] <= 1
+    assert any(not torch.equal(v, mid.state_dict()[k]) for k, v in resumed.state_dict().items())
+    final, _ = load_scorer(out2 / "steps" / "step-000006")
+    for k, v in resumed.state_dict().items():
+        assert torch.equal(v, final.state_dict()[k]), k
 
 
 @pytest.mark.parametrize("zero", ["zero2", "zero3"])

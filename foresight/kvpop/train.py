@@ -34,7 +34,7 @@ from foresight.kvpop.target import kvpop_targets
 from foresight.locks import locks_output
 from foresight.kvpop.topk import boundary_pairs, topk_recall, trace_priority
 from foresight.training import finish_run, full_state_dict, load_stage_inputs, optimizer_step, progress_bar, \
-    resumed_extra, run_identity, save_progress, setup_training, summary_writer, train_plan
+    resumed_extra, run_identity, save_progress, save_snapshot, setup_training, summary_writer, train_plan
 
 
 @torch.no_grad()
@@ -99,6 +99,9 @@ def train_kvpop(recipe, traces_dir, out, resume: bool = False, deepspeed_config=
         return examples[i]
 
     writer = summary_writer(out, rank)
+    readout = "" if kvpop_cfg.scorer == "mlp" else ("-delayed" if kvpop_cfg.delayed else "-immediate")
+    stage = f"kvpop-{kvpop_cfg.scorer}{readout}"
+    provenance = {"training_data": str(traces_dir), "recipe": recipe.to_dict(), "objective": "kvpop"}
     bar = progress_bar(start, cfg.steps, f"kvpop-{kvpop_cfg.scorer}", progress, rank)
     t0 = time.time()
     last = resumed_extra(ckpt).get("last", {}) if start else {}  # a resumed run reports its latest metrics
@@ -126,7 +129,8 @@ def train_kvpop(recipe, traces_dir, out, resume: bool = False, deepspeed_config=
             for name, v in last.items():
                 writer.add_scalar(f"kvpop/{name}", v, step)
         bar.set_postfix(loss=f"{last['loss']:.4f}", acc=f"{last['boundary_acc']:.3f}")
-        save_progress(step, plan, scorer, opt, sched, engine, ckpt, rank, extra={"last": last})
+        save_progress(step, plan, scorer, opt, sched, engine, ckpt, rank, extra={"last": last},
+                      snapshot=lambda w: save_snapshot(out, step + 1, w, scorer, model, recipe, stage, last, provenance))
     metrics = {"train_loss": round(last.get("loss", float("nan")), 5),
                "train_boundary_acc": round(last.get("boundary_acc", float("nan")), 4), "steps": cfg.steps,
                "train_seconds_this_run": round(time.time() - t0, 1)}
@@ -147,8 +151,5 @@ def train_kvpop(recipe, traces_dir, out, resume: bool = False, deepspeed_config=
     if engine is not None and engine.zero_optimization_stage() == 3:
         scorer = scorer_for_model(model, kvpop_cfg, cache_cfg.budget, cfg.seed)
         scorer.load_state_dict(weights)
-    readout = "" if kvpop_cfg.scorer == "mlp" else ("-delayed" if kvpop_cfg.delayed else "-immediate")
-    stage = f"kvpop-{kvpop_cfg.scorer}{readout}"
-    finish_run(out, rank, world, weights, scorer, model, recipe, stage, metrics,
-               {"training_data": str(traces_dir), "recipe": recipe.to_dict(), "objective": "kvpop"}, writer, log)
+    finish_run(out, rank, world, weights, scorer, model, recipe, stage, metrics, provenance, writer, log)
     return scorer, metrics
