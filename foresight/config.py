@@ -195,6 +195,8 @@ class GRPOConfig:
     ratio: str = "set"  # set: the set log-ratio / L per row | draw: a clipped ratio per Plackett-Luce draw (foresight.grpo)
     skip_flat: bool = False  # no optimiser step when every group of the step (over all processes) has equal rewards:
                              # its only gradient is the KL's, which Adam's momentum and normalisation turn into drift
+    budgets: str = ""  # "B:L,B:L": a step's traces are rolled out at these budgets in turn (the k-th trace of the
+                       # step at the (k mod n)-th), so one scorer is refined for all of them; empty: the cache's own
     control: str = "none"  # none | permuted: each group's rewards shuffled among its trajectories before the
                            # advantages (a null control: the same update sizes without the rewards' information)
     ckpt_every: int = 10

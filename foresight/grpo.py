@@ -4,6 +4,9 @@
   number of processes) of eviction decisions drawn by the current scorers with the Top-2L sampler, during
   *one* teacher-forced pass of the frozen LLM in which the G copies of the trace are one batch.
   No gradient flows through the LLM (``torch.no_grad``; only the scorers have ``requires_grad``).
+* **Budgets.** At the cache's B and L, or with ``grpo.budgets`` ("B:L,B:L") at each of several in turn over a step's
+  traces (its k-th trace at the (k mod n)-th budget), so that a scorer refined at one budget is not left worse at
+  the others (SFT's ``sft.budgets`` does the same for the golden ranking).
 * **Reward.** :mod:`foresight.reward` (the exact formula is in its docstring), from the full-cache loss and
   entropy stored by the data stage.
 * **Advantage.** ``A_g = (r_g − mean(r)) / (std(r) + 1e-6)`` within the trace's group, ``std`` Bessel-corrected
@@ -51,7 +54,7 @@ from foresight.models import load_model
 from foresight.reward import reward as compute_reward
 from foresight.rollout import rollout
 from foresight.scorer import LearnedPolicy
-from foresight.config import EvictionSettings
+from foresight.config import EvictionSettings, parse_budgets
 from foresight.selection import candidate_window, window_draw_logprobs, window_logits, window_set_logprob
 from foresight.trace_data import load_traces
 from foresight.training import check_traces_model, finish_run, full_state_dict, optimizer_step, progress_bar, \
@@ -150,6 +153,14 @@ def group_rollout(model, bank, ids: torch.Tensor, G: int, settings: EvictionSett
     return res, steps, torch.stack(overlaps).mean().item() if overlaps else 0.0
 
 
+def training_settings(recipe) -> list[EvictionSettings]:
+    """The eviction settings GRPO rolls out at: one per ``grpo.budgets`` entry, or the cache's own. Validation runs at
+    the cache's."""
+    if not recipe.grpo.budgets:
+        return [recipe.cache]
+    return [recipe.cache.replace(budget=B, interval=L) for B, L in parse_budgets(recipe.grpo.budgets)]
+
+
 def first_scored_token(settings: EvictionSettings, prompt_len: int) -> int:
     """Index of the first token predicted after the first eviction."""
     prot = prompt_len if settings.protect_prompt else 0
@@ -219,6 +230,10 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
         raise ValueError(f"grpo.control must be 'none' or 'permuted', got {grpo_cfg.control!r}")
     if grpo_cfg.epochs < 1:
         raise ValueError(f"grpo.epochs must be >= 1, got {grpo_cfg.epochs}")
+    rollout_settings = training_settings(recipe)
+    if grpo_cfg.traces_per_step % len(rollout_settings):
+        raise ValueError(f"grpo.traces_per_step={grpo_cfg.traces_per_step} must be a multiple of the number of "
+                         f"grpo.budgets ({grpo_cfg.budgets!r}: {len(rollout_settings)}), so each budget gets as many traces")
     device = distributed.local_device(recipe.model.device)
     torch.manual_seed(grpo_cfg.seed)
     model, _ = load_model(recipe.model, device=str(device))
@@ -259,12 +274,13 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
             slot = rank + j * world  # the trace's place in the global batch: sampling does not depend on world size
             draw_seed = grpo_cfg.seed * 7919 + step * 131 + slot
             gen = torch.Generator(device=device).manual_seed(draw_seed)
+            at = rollout_settings[slot % len(rollout_settings)]  # grpo.budgets in turn over the batch's traces
             bank.eval()
-            res, steps, overlap = group_rollout(model, bank, ids, grpo_cfg.group, settings, grpo_cfg.temperature, gen,
+            res, steps, overlap = group_rollout(model, bank, ids, grpo_cfg.group, at, grpo_cfg.temperature, gen,
                                                 row["prompt_len"], grpo_cfg.ratio)
             r = trajectory_reward(res.token_loss, torch.tensor(row["token_loss"], device=device),
                                   torch.tensor(row["token_entropy"], device=device),
-                                  first_scored_token(settings, row["prompt_len"]), grpo_cfg)
+                                  first_scored_token(at, row["prompt_len"]), grpo_cfg)
             if grpo_cfg.control == "permuted":  # the null control: rewards no longer belong to their trajectories
                 perm = torch.randperm(len(r), generator=torch.Generator().manual_seed(draw_seed))
                 r = r[perm.to(r.device)]

@@ -95,7 +95,7 @@ RULES = {
     "grpo.warmup": at_least(0), "grpo.clip_eps": above(0), "grpo.epochs": at_least(1), "grpo.beta": at_least(0),
     "grpo.eta": at_least(0), "grpo.low_entropy_share": within(0, 1),
     "grpo.normalise": one_of("low_entropy", "counted"), "grpo.temperature": above(0), "grpo.ratio": one_of("set", "draw"),
-    "grpo.ckpt_every": at_least(1),
+    "grpo.ckpt_every": at_least(1), "grpo.budgets": budgets_or_none,
     "grpo.val_traces": at_least(0),
     "kvpop.scorer": one_of("mlp", "mlstm"), "kvpop.sinks": at_least(0), "kvpop.window": at_least(0),
     "kvpop.gamma": within(0, 1), "kvpop.decay_step": at_least(1), "kvpop.eps": above(0),

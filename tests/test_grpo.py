@@ -311,3 +311,29 @@ def test_permuted_control_keeps_the_rewards_but_not_which_trajectory_earned_them
         bad = load_recipe("recipes/tiny-qwen3.yaml", [*base, setting])
         with pytest.raises(ValueError, match=name):
             train_grpo(bad, tdir, tmp_path / "sft", tmp_path / "bad", progress=False, log=lambda *_: None)
+
+
+def test_grpo_budgets_roll_out_each_budget_in_turn(tiny_model_dir, tmp_path, monkeypatch):
+    import foresight.grpo as grpo_mod
+
+    r = load_recipe("recipes/tiny-qwen3.yaml", [f"model.path={tiny_model_dir}", *SETS, "grpo.steps=2",
+                                                "grpo.budgets=12:4,16:4", "grpo.val_traces=0"])
+    tdir = tmp_path / "traces"
+    traces.make_traces(r, tdir, progress=False, log=lambda *_: None)
+    train_sft(r, tdir, tmp_path / "sft", progress=False, log=lambda *_: None)
+    seen, orig = [], grpo_mod.group_rollout
+
+    def recording(model, bank, ids, G, settings, *a, **k):
+        seen.append((settings.budget, settings.interval))
+        return orig(model, bank, ids, G, settings, *a, **k)
+
+    monkeypatch.setattr(grpo_mod, "group_rollout", recording)
+    _, metrics = train_grpo(r, tdir, tmp_path / "sft", tmp_path / "grpo", progress=False, log=lambda *_: None)
+    assert seen == [(12, 4), (16, 4)] * 2 and len(metrics["history"]) == 2  # 2 steps x 2 traces, one per budget
+    cfg = json.loads((tmp_path / "grpo" / "config.json").read_text())
+    assert cfg["recipe"]["grpo"]["budgets"] == "12:4,16:4" and cfg["budget"] == 12  # the cache's own, as validated
+    bad = load_recipe("recipes/tiny-qwen3.yaml", [f"model.path={tiny_model_dir}", *SETS, "grpo.budgets=12:4,16:4,20:4"])
+    with pytest.raises(ValueError, match="multiple of the number of grpo.budgets"):
+        train_grpo(bad, tdir, tmp_path / "sft", tmp_path / "grpo-bad", progress=False, log=lambda *_: None)
+    with pytest.raises(Exception, match="BUDGET:INTERVAL"):
+        load_recipe("recipes/tiny-qwen3.yaml", ["grpo.budgets=12-4"])
