@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from foresight import atomic
-from foresight.report import fmt, paired_ratio_diff_ci, results_table, with_ci
+from foresight.report import dloss, fmt, paired_ratio_diff_ci, results_table, with_ci
 from foresight.styles import method_group
 
 FIGURES = ("overview.png", "loss_ratio.png", "loss_increase.png", "eviction_map.png")
@@ -26,7 +26,7 @@ def _load(path: Path):
 
 
 def _ci(r: dict, key: str, nd: int = 4) -> str:
-    return with_ci(r.get(key), r.get(f"{key}_ci"), nd)
+    return with_ci(r.get(key), r.get(f"{key}_ci"), nd, cell=dloss if "loss_increase" in key else None)
 
 
 def _below(a: dict, b: dict, key: str) -> bool:
@@ -280,7 +280,7 @@ def write_report(out: Path, report: Path, sft_ablations, samplers, command: str,
     md += predictability_section(predictability)
     md += ["\n**GRPO against SFT** (Δloss on low-entropy tokens):\n", "| B | SFT [95% CI] | GRPO [95% CI] | GRPO below, "
            "intervals separated |", "|---|---|---|---|"]
-    md += [f"| {g['budget']} | {with_ci(g['sft'], g['sft_ci'], 4)} | {with_ci(g['grpo'], g['grpo_ci'], 4)} | "
+    md += [f"| {g['budget']} | {with_ci(g['sft'], g['sft_ci'], cell=dloss)} | {with_ci(g['grpo'], g['grpo_ci'], cell=dloss)} | "
            f"{_yes(g['grpo_below_with_separated_intervals'])} |" for g in rl]
     md += ["\n## Ablations (middle budget)\n"]
     md += [ablation_table(ablation_rows, labels) if ablation_rows else "Not run.\n"]

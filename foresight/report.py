@@ -56,9 +56,23 @@ def fmt(v, nd=3) -> str:
     return str(v)
 
 
-def with_ci(v, ci, nd) -> str:
-    """A table cell: a value and its interval ``[lo, hi]`` when known."""
-    return fmt(v, nd) + ("" if not ci else f" [{fmt(ci[0], nd)}, {fmt(ci[1], nd)}]")
+def dloss(v) -> str:
+    """A loss increase (nats per token) to 3 significant digits; below results.json's rounding, ``<1e-5``.
+
+    Fixed decimals do not suit it: on the tiny teacher a learned scorer's low-entropy increase is ~1e-3 and a
+    heuristic's ~0.1, so 3 decimals printed GRPO's 0.00097 and SFT's 0.0023 both as 0.002 or 0.001.
+    """
+    if v is None:
+        return "—"
+    if abs(v) < RESOLUTION:
+        return f"<{RESOLUTION:g}".replace("e-0", "e-")
+    return f"{v:.5f}" if abs(v) < 1e-4 else f"{v:.3g}"  # 4e-05 -> 0.00004: no exponent at the rounding's last digit
+
+
+def with_ci(v, ci, nd=3, cell=None) -> str:
+    """A table cell: a value and its interval ``[lo, hi]`` when known, each by ``cell`` (default: ``nd`` digits)."""
+    one = cell or (lambda x: fmt(x, nd))
+    return one(v) + ("" if not ci else f" [{one(ci[0])}, {one(ci[1])}]")
 
 
 def results_table(rows, meta) -> str:
@@ -67,8 +81,8 @@ def results_table(rows, meta) -> str:
     body = "".join(
         f"| {r['method']} | {_prot(r['protect_prompt'])} | {r['budget']}:{r['interval']} | "
         f"{with_ci(r['loss_ratio'], r.get('loss_ratio_ci'), 4)} | "
-        f"{with_ci(r['low_entropy_loss_increase'], r.get('low_entropy_loss_increase_ci'), 3)} | "
-        f"{with_ci(r['high_entropy_loss_increase'], r.get('high_entropy_loss_increase_ci'), 3)} | "
+        f"{with_ci(r['low_entropy_loss_increase'], r.get('low_entropy_loss_increase_ci'), cell=dloss)} | "
+        f"{with_ci(r['high_entropy_loss_increase'], r.get('high_entropy_loss_increase_ci'), cell=dloss)} | "
         f"{fmt(r['accuracy'])} | {r['n_samples']} | {with_ci(r['recall_at_L'], r.get('recall_at_L_ci'), 3)} | "
         f"{with_ci(r.get('keep_recall'), r.get('keep_recall_ci'), 3)} | {fmt(r['mean_cache'], 1)} |\n"
         for r in rows)
@@ -89,17 +103,11 @@ def _best(rows: list[dict]) -> dict | None:
                                     r.get("low_entropy_loss_increase") or 0.0))
 
 
-def _dl(v) -> str:
-    if v is None:
-        return "—"
-    return f"<{RESOLUTION:g}".replace("e-0", "e-") if abs(v) < RESOLUTION else f"{v:.3g}"
-
-
 def _who(r: dict | None) -> str:
     if r is None:
         return "—"
     acc = "" if r.get("accuracy") is None else f"accuracy {r['accuracy']:.2f}, "
-    return f"{series_label(r)} ({acc}Δloss {_dl(r.get('low_entropy_loss_increase'))})"
+    return f"{series_label(r)} ({acc}Δloss {dloss(r.get('low_entropy_loss_increase'))})"
 
 
 def summary_lines(rows: list[dict], meta: dict | None = None) -> list[str]:
@@ -117,5 +125,5 @@ def summary_lines(rows: list[dict], meta: dict | None = None) -> list[str]:
         heur = _best([r for r in at if method_group(r["method"]) == "heuristic"])
         golden = next((r for r in at if r["method"] == "golden"), None)
         lines.append(f"  B={B}:{L}{pct(B, meta)}: best learned {_who(learned)} | best heuristic {_who(heur)} | "
-                     f"golden Δloss {_dl(golden and golden.get('low_entropy_loss_increase'))}")
+                     f"golden Δloss {dloss(golden and golden.get('low_entropy_loss_increase'))}")
     return lines

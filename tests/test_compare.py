@@ -99,3 +99,24 @@ def test_compare_command_between_two_evaluations(tmp_path, capsys):
     (tmp_path / "d" / "results.json").write_text("{not json")
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "d")]) == 2
     assert "not a results file" in capsys.readouterr().err
+
+
+def test_results_table_tells_small_loss_increases_apart():
+    """Two low-entropy increases of 0.00097 and 0.0023 (GRPO and SFT on the tiny teacher) print as different numbers;
+    fixed 3 decimals printed both as 0.001/0.002 and their intervals as the same cells."""
+    from foresight.report import dloss, results_table
+
+    def row(method, low, ci):
+        return {"method": method, "protect_prompt": False, "budget": 320, "interval": 64, "loss_ratio": 2.0,
+                "loss_ratio_ci": [1.5, 2.5], "low_entropy_loss_increase": low, "low_entropy_loss_increase_ci": ci,
+                "high_entropy_loss_increase": 0.0928, "high_entropy_loss_increase_ci": [0.082, 0.105],
+                "accuracy": 0.5, "n_samples": 1, "recall_at_L": None, "mean_cache": 338.4}
+
+    meta = {"num_problems": 256, "mean_trace_length": 1368.0, "mean_prompt_length": 167.0,
+            "full_cache_trace_accuracy": 0.98}
+    md = results_table([row("a", 0.00097, [0.0005, 0.00158]), row("b", 0.0023, [0.00152, 0.00314]),
+                        row("c", -3e-9, [-1e-8, 0.0])], meta)
+    assert "| 0.00097 [0.0005, 0.00158] |" in md and "| 0.0023 [0.00152, 0.00314] |" in md
+    assert "| 0.0928 [0.082, 0.105] |" in md
+    assert "| <1e-5 [<1e-5, <1e-5] |" in md  # below results.json's 5-decimal rounding: no spurious digits
+    assert dloss(None) == "—" and dloss(0.957) == "0.957" and dloss(-2e-05) == "-0.00002"
