@@ -25,8 +25,8 @@ def _load(path: Path):
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def _ci(r: dict, key: str, nd: int = 4) -> str:
-    return with_ci(r.get(key), r.get(f"{key}_ci"), nd, cell=dloss if "loss_increase" in key else None)
+def _ci(r: dict, key: str, nd: int = 4, cell=None) -> str:
+    return with_ci(r.get(key), r.get(f"{key}_ci"), nd, cell)
 
 
 def _below(a: dict, b: dict, key: str) -> bool:
@@ -106,7 +106,7 @@ def ablation_table(rows: list[dict], labels: dict[str, str]) -> str:
         if method_group(r["method"]) != "learned":
             continue
         body += (f"| {labels.get(r['method'], r['method'])} | {_ci(r, 'loss_ratio')} | "
-                 f"{_ci(r, 'low_entropy_loss_increase', 3)} | {_ci(r, 'recall_at_L', 3)} |\n")
+                 f"{_ci(r, 'low_entropy_loss_increase', cell=dloss)} | {_ci(r, 'recall_at_L', 3)} |\n")
     return head + body
 
 
@@ -289,7 +289,8 @@ def write_report(out: Path, report: Path, sft_ablations, samplers, command: str,
     for mode, srows in sampler_rows.items():
         for r in srows or []:
             if method_group(r["method"]) == "learned":
-                md.append(f"| {mode} | {r['method']} | {_ci(r, 'loss_ratio')} | {_ci(r, 'low_entropy_loss_increase', 3)} |")
+                md.append(f"| {mode} | {r['method']} | {_ci(r, 'loss_ratio')} | "
+                          f"{_ci(r, 'low_entropy_loss_increase', cell=dloss)} |")
     md += ["\n## Training\n",
            f"SFT: {json.dumps({k: v for k, v in (sft or {}).items() if k != 'history'})}\n",
            "GRPO per step:\n", grpo_section(grpo)]
