@@ -192,7 +192,8 @@ class GRPOConfig:
                                             # too, whatever their rank (the share is a rank rule; foresight/reward.py)
     normalise: str = "low_entropy"  # low_entropy | counted
     temperature: float = 1.0
-    ratio: str = "set"  # set: the set log-ratio / L per row | draw: a clipped ratio per Plackett-Luce draw (foresight.grpo)
+    ratio: str = "draw"  # draw: a clipped ratio per Plackett-Luce draw | set: the set log-ratio / L per row, whose clip
+                         # never acts (foresight.grpo; docs/results/tiny-qwen3/grpo-32traces)
     skip_flat: bool = False  # no optimiser step when every group of the step (over all processes) has equal rewards:
                              # its only gradient is the KL's, which Adam's momentum and normalisation turn into drift
     budgets: str = ""  # "B:L,B:L": a step's traces are rolled out at these budgets in turn (the k-th trace of the

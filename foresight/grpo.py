@@ -28,8 +28,10 @@
   - ``set`` — the drawn set's probability, its log-ratio shared out over its L draws (``ρ = exp(Δ/L)``, the same
     for δ). A set whose probability changed e^3-fold has ρ = e^(3/32) = 1.10 at L = 32: measured on SmolLM2, the
     clip fraction stayed 0.00 while half of the top-L decisions changed (docs/results/smollm2-135m/
-    probe-sft-variants/grpo), so the clip never bounds an epoch's step.
-  - ``draw`` — each draw of the ordered Plackett–Luce sequence is an action of its own
+    probe-sft-variants/grpo), so the clip never bounds an epoch's step. On the tiny teacher at 32 traces per step
+    and lr 3e-4 this let the scorer overshoot and then lose its own reward (−0.42 → −0.79 in 10 steps) where
+    ``draw`` improved for 30 steps (docs/results/tiny-qwen3/grpo-32traces). Kept for comparison.
+  - ``draw`` (the default) — each draw of the ordered Plackett–Luce sequence is an action of its own
     (:func:`foresight.selection.window_draw_logprobs`: P(draw i | the earlier draws) over the fixed window), with
     its own ratio, clip and k3 term, averaged over the L draws like language-model GRPO's per-token terms. The
     ordered sequence is the sampler's actual outcome, so its log-probability is a valid policy-gradient action
