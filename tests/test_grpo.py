@@ -262,7 +262,6 @@ def test_per_draw_ratios_clip_what_the_per_set_ratio_lets_through():
     assert (y.grad[0, :4] == 0).all() and (y.grad[0, 4:] < 0).all()  # clipped draws carry no gradient
 
 
-
 def test_the_default_and_every_shipped_recipe_use_the_ratio_whose_clip_acts():
     """``ratio=set`` never clipped (the test above; on the tiny teacher at 32 traces/step and lr 3e-4 it lost its
     own reward within 10 steps): the default and every recipe in recipes/ refine with per-draw ratios."""
@@ -275,6 +274,7 @@ def test_the_default_and_every_shipped_recipe_use_the_ratio_whose_clip_acts():
     assert len(recipes) >= 5
     for path in recipes:
         assert load_recipe(path, []).grpo.ratio == "draw", path.name
+
 
 def test_skip_flat_takes_no_step_when_no_group_has_a_signal(tiny_model_dir, tmp_path):
     """With every reward 0 (eta far above any loss increase) all groups are flat: grpo.skip_flat takes no optimiser
