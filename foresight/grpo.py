@@ -53,106 +53,13 @@ from foresight import distributed
 from foresight.checkpoint import load_scorer
 from foresight.locks import locks_output
 from foresight.models import load_model
-from foresight.reward import reward as compute_reward
-from foresight.rollout import rollout
-from foresight.scorer import LearnedPolicy
 from foresight.config import EvictionSettings, parse_budgets
-from foresight.selection import candidate_window, window_draw_logprobs, window_logits, window_set_logprob
+from foresight.grpo_objective import group_advantage, step_objective, trajectory_reward
+from foresight.grpo_rollout import group_rollout
+from foresight.grpo_validation import change_since_start, first_scored_token, scalars, validate
 from foresight.trace_data import load_traces
 from foresight.training import check_traces_model, finish_run, full_state_dict, optimizer_step, progress_bar, \
     resumed_extra, run_identity, save_progress, save_snapshot, setup_training, split_traces, summary_writer, train_plan
-
-
-def trajectory_reward(loss, full_loss, full_entropy, start: int, grpo_cfg) -> torch.Tensor:
-    """:func:`foresight.reward.reward` under the recipe's ``grpo`` settings."""
-    return compute_reward(loss, full_loss, full_entropy, start, grpo_cfg.eta, grpo_cfg.low_entropy_share,
-                          grpo_cfg.normalise, grpo_cfg.low_entropy_below)
-
-
-def group_advantage(r: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    from trl.trainer.utils import nanstd
-
-    return (r - r.mean()) / (nanstd(r) + eps)
-
-
-def clipped_objective(lp_new, lp_old, lp_ref, adv, clip_eps: float, beta: float, n_actions: int = 1):
-    """Per-row loss terms (to be averaged): lp_* [..., G, ...] broadcastable with adv. Returns (loss, stats).
-
-    ``n_actions``: evictions in each row's action set when ``lp_*`` are set log-probabilities (``grpo.ratio=set``:
-    the log-ratio is shared out over them); 1 when they are per-draw already (``ratio=draw``). Log-ratios are
-    clamped to ±20 so that an action outside the current Top-2L window (log-prob NEG) cannot make the objective
-    infinite."""
-    ratio = torch.exp(((lp_new - lp_old) / n_actions).clamp(-20.0, 20.0))
-    surr = torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)
-    d = ((lp_ref - lp_new) / n_actions).clamp(-20.0, 20.0)
-    kl = torch.exp(d) - d - 1
-    loss = (-surr + beta * kl).mean()
-    clipped = ((ratio < 1 - clip_eps) | (ratio > 1 + clip_eps)).float().mean()
-    return loss, {"kl": kl.mean().item(), "clip_frac": clipped.item(), "ratio": ratio.mean().item()}
-
-
-def action_logprob(scores, win, evictable, pos, temperature: float, ratio: str) -> torch.Tensor:
-    """log π of the drawn action on the window ``win``: the set's ([...]) under ``ratio=set``, each draw's
-    ([..., L]) under ``ratio=draw``."""
-    z = window_logits(scores, win, evictable, temperature)
-    return window_draw_logprobs(z, pos) if ratio == "draw" else window_set_logprob(z, pos)
-
-
-def step_objective(bank, ref, s: dict, adv: torch.Tensor, grpo_cfg):
-    """One recorded step's clipped objective with KL to ``ref``, and its KL and clip fraction (as tensors)."""
-    phi = bank(s["x"])
-    with torch.no_grad():
-        phi_ref = ref(s["x"])
-    args = (s["win"], s["evictable"], s["pos"], grpo_cfg.temperature, grpo_cfg.ratio)
-    lp_new, lp_ref = action_logprob(phi, *args), action_logprob(phi_ref, *args)
-    per_draw = grpo_cfg.ratio == "draw"
-    loss, st = clipped_objective(lp_new, s["lp_old"], lp_ref, adv.view(1, -1, 1, *((1,) if per_draw else ())),
-                                 grpo_cfg.clip_eps, grpo_cfg.beta, n_actions=1 if per_draw else s["pos"].shape[-1])
-    return loss, torch.tensor(st["kl"]), torch.tensor(st["clip_frac"])
-
-
-def evicted_overlap(tokens: torch.Tensor) -> torch.Tensor:
-    """Mean share (a 0-d tensor: read once per rollout, not a host sync per eviction) of one trajectory's evicted
-    tokens that another trajectory of the group evicted too, over pairs, layers and heads: ``tokens`` [nl, G, h, L].
-    1.0 = the group drew the same sets (no exploration)."""
-    e = tokens.movedim(1, 0)  # [G, nl, h, L]
-    G, shape = e.shape[0], (e.shape[0], *e.shape)
-    mine = e.unsqueeze(1).expand(shape).contiguous()  # [g, g', ...]: g's tokens
-    theirs = e.sort(-1).values.unsqueeze(0).expand(shape).contiguous()  # [g, g', ...]: g''s, sorted
-    # membership by binary search: G²·L values per (layer, head), not the G²·L² of comparing every pair of tokens
-    at = torch.searchsorted(theirs, mine).clamp(max=e.shape[-1] - 1)
-    same = (theirs.gather(-1, at) == mine).float().mean((-1, -2, -3))  # [G, G]
-    return (same.sum() - same.diagonal().sum()) / (G * (G - 1))
-
-
-@torch.no_grad()
-def group_rollout(model, bank, ids: torch.Tensor, G: int, settings: EvictionSettings, temperature: float, generator,
-                  prompt_len: int, ratio: str = "set"):
-    """One teacher-forced pass with G trajectories sampled (Top-2L at ``temperature``) under ``settings``; returns
-    (per-token losses [G,S], steps, mean evicted-token overlap between the trajectories).
-
-    Each step keeps the scorer inputs of the behaviour policy's Top-2L window only ([nl, G, h, 2L, D]: all the
-    objective reads, since the window is held fixed), with ``win`` the window's own positions ``0..2L-1``,
-    ``evictable`` gathered to it and ``pos`` the draws' window positions in draw order, so that memory grows with
-    2L, not with B + L."""
-    steps, overlaps = [], []
-
-    def rec(st):
-        x = bank.inputs(st["view"])
-        k = st["chosen"].shape[-1]
-        win, _ = candidate_window(st["scores"], st["evictable"], k)  # the behaviour policy's Top-2L window
-        pos = (st["chosen"].unsqueeze(-1) == win.unsqueeze(-2)).float().argmax(-1)
-        evictable = st["evictable"].gather(-1, win)
-        local = torch.arange(win.shape[-1], device=win.device).expand_as(win)
-        lp = action_logprob(st["scores"].gather(-1, win), local, evictable, pos, temperature, ratio)
-        x_win = x.gather(-2, win.unsqueeze(-1).expand(*win.shape, x.shape[-1]))
-        steps.append({"x": x_win, "win": local, "pos": pos, "evictable": evictable, "lp_old": lp})
-        overlaps.append(evicted_overlap(st["token"].gather(-1, st["chosen"])))
-
-    sampled = settings.replace(selection="sample", temperature=temperature)
-    res = rollout(model, ids.expand(G, -1), LearnedPolicy(bank), sampled, prompt_len=prompt_len, generator=generator,
-                  recorder=rec)
-    return res, steps, torch.stack(overlaps).mean().item() if overlaps else 0.0
 
 
 def training_settings(recipe) -> list[EvictionSettings]:
@@ -161,58 +68,6 @@ def training_settings(recipe) -> list[EvictionSettings]:
     if not recipe.grpo.budgets:
         return [recipe.cache]
     return [recipe.cache.replace(budget=B, interval=L) for B, L in parse_budgets(recipe.grpo.budgets)]
-
-
-def first_scored_token(settings: EvictionSettings, prompt_len: int) -> int:
-    """Index of the first token predicted after the first eviction."""
-    prot = prompt_len if settings.protect_prompt else 0
-    return prot + settings.budget + settings.interval + 1
-
-
-@torch.no_grad()
-def validate(model, bank, ds, idx, settings: EvictionSettings, grpo_cfg, seed: int = 0) -> dict:
-    """Deterministic (top-L) eviction on the held-out traces ``idx``: the loss ratio (Σ evicted / Σ full loss after
-    the prompt) and the mean reward, each with a 95% bootstrap interval over the traces (``*_lo``, ``*_hi``), and
-    ``per_trace`` (each trace's evicted and full loss: what :func:`change_since_start` pairs)."""
-    from foresight.report import bootstrap_ci
-
-    settings = settings.replace(selection="topk")
-    evicted, full, rewards = [], [], []
-    for i in idx:
-        row = ds[i]
-        ids = torch.tensor([row["input_ids"]])
-        full_loss = torch.tensor(row["token_loss"])
-        res = rollout(model, ids, LearnedPolicy(bank), settings, prompt_len=row["prompt_len"])
-        p = row["prompt_len"]
-        evicted.append(res.token_loss[0, p:].sum().item())
-        full.append(full_loss[p:].sum().item())
-        rewards.append(trajectory_reward(res.token_loss, full_loss, torch.tensor(row["token_entropy"]),
-                                         first_scored_token(settings, p), grpo_cfg).item())
-    out = {"val_loss_ratio": sum(evicted) / max(sum(full), 1e-9), "val_reward": sum(rewards) / max(len(rewards), 1)}
-    for name, ci in (("val_loss_ratio", bootstrap_ci(evicted, full, seed)), ("val_reward", bootstrap_ci(rewards, None, seed))):
-        if ci is not None:
-            out[f"{name}_lo"], out[f"{name}_hi"] = ci
-    out["per_trace"] = {"evicted_loss": evicted, "full_loss": full}
-    return out
-
-
-def change_since_start(val: dict, start: dict | None, seed: int = 0) -> dict:
-    """The held-out loss ratio's change since the SFT start, with the 95% interval of a *paired* bootstrap over the
-    same traces (trace difficulty cancels: a change far smaller than either interval shows). Empty without a
-    start that kept its traces (a run resumed from an older checkpoint)."""
-    from foresight.report import paired_ratio_diff_ci
-
-    if not start or "per_trace" not in start:
-        return {}
-    out = {"val_loss_ratio_change": val["val_loss_ratio"] - start["val_loss_ratio"]}
-    ci = paired_ratio_diff_ci(val["per_trace"], start["per_trace"], seed)
-    if ci is not None:
-        out["val_loss_ratio_change_lo"], out["val_loss_ratio_change_hi"] = ci
-    return out
-
-
-def scalars(val: dict) -> dict:
-    return {k: v for k, v in val.items() if k != "per_trace"}
 
 
 @locks_output("grpo")

@@ -7,7 +7,8 @@ from conftest import killed_after_checkpoint
 
 from foresight import traces
 from foresight.config import load_recipe
-from foresight.grpo import clipped_objective, group_advantage, train_grpo
+from foresight.grpo import train_grpo
+from foresight.grpo_objective import clipped_objective, group_advantage
 from foresight.reward import low_entropy_mask, reward
 from foresight.rollout import loss_and_entropy
 from foresight.sft import train_sft
@@ -203,7 +204,7 @@ def test_a_group_step_keeps_only_the_window_and_its_log_probability_is_the_behav
     """group_rollout stores the scorer inputs of the Top-2L window alone; the objective's log-probability from them
     equals the sampler's own (ratio 1 before any update): the set's, or each draw's in draw order."""
     from foresight.config import EvictionSettings
-    from foresight.grpo import group_rollout
+    from foresight.grpo_rollout import group_rollout
     from foresight.scorer import bank_for_model
     from foresight.selection import window_draw_logprobs, window_logits, window_set_logprob
 
@@ -227,7 +228,7 @@ def test_a_group_step_keeps_only_the_window_and_its_log_probability_is_the_behav
 
 
 def test_evicted_overlap_measures_how_alike_a_group_s_eviction_sets_are():
-    from foresight.grpo import evicted_overlap
+    from foresight.grpo_rollout import evicted_overlap
 
     same = torch.arange(6).view(1, 1, 1, 6).expand(2, 4, 3, 6)  # [nl, G, h, L]: every trajectory evicts 0..5
     assert evicted_overlap(same) == 1.0
