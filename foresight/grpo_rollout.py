@@ -29,7 +29,7 @@ def evicted_overlap(tokens: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def group_rollout(model, bank, ids: torch.Tensor, G: int, settings: EvictionSettings, temperature: float, generator,
-                  prompt_len: int, ratio: str = "set"):
+                  prompt_len: int, ratio: str):
     """One teacher-forced pass with G trajectories sampled (Top-2L at ``temperature``) under ``settings``; returns
     (per-token losses [G,S], steps, mean evicted-token overlap between the trajectories).
 
