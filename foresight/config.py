@@ -221,6 +221,10 @@ class EvalConfig:
     batch_size: int = 32  # traces per teacher-forced batch (similar lengths, right-padded)
     scorer_selection: str = "topk"  # how trained scorers pick their L pairs: topk | sample (Top-2L) | multinomial
     scorer_temperature: float = 1.0  # the samplers' softmax temperature
+    # recall@L and keep recall against golden for every method: golden's labels and a golden rollout per batch and
+    # budget, the evaluation's costliest part on a CPU (SmolLM2: ~10 s per trace and budget, against ~2 s per method).
+    # false: loss ratios and loss increases only (golden, when evaluated, still computes its own labels)
+    recall: bool = True
 
 
 @dataclass

@@ -12,6 +12,7 @@ For each (method, budget B:L) it reports, on ``eval.num_problems`` held-out prob
 * ``recall_at_L`` — overlap of the method's L evictions with Golden Eviction's along the golden trajectory;
 * ``keep_recall`` — at the same steps, the share of the candidates golden keeps that the method keeps too (KVpop's
   "top-k retention recall"; with B - L of ~B candidates kept, it is far higher than recall@L: 1 - L(1 - recall@L)/kept);
+  both need golden's labels and a golden rollout, the costliest part on a CPU: ``eval.recall=false`` leaves them out;
 * ``mean_cache`` — mean pairs held per (sequence, layer, KV head) over the teacher-forced traces;
 * ``per_trace`` — each held-out trace's sums behind the ratios (evicted and full-cache loss, low- and high-entropy
   loss increase with their token counts) and its id, for paired comparisons (``foresight compare``);
@@ -174,7 +175,8 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
     problems = prompts.heldout_prompts(recipe, eval_cfg.num_problems, tok)
     t0 = time.time()
     log(f"[eval] {len(problems)} held-out problems; reference full-cache traces ...")
-    refs = reference_traces(recipe, model, tok, problems, device, use_cache=eval_cfg.cache_references, log=log)
+    refs = reference_traces(recipe, model, tok, problems, device, use_cache=eval_cfg.cache_references, log=log,
+                            progress=progress)
     bs = eval_cfg.batch_size
     batchings = {flag: [make_batch(refs, b, tok.pad_token_id) for b in trace_batches(refs, bs, flag)]
                  for flag in (False, True)}
@@ -249,7 +251,8 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
         settings = m.settings(B, L, overflow)
         metrics, along = TraceMetrics(), {}
         for bi, batch in enumerate(batches):
-            future = None if m.is_full else future_for(batch, settings)
+            labelled = not m.is_full and (eval_cfg.recall or m.kind == "golden")
+            future = future_for(batch, settings) if labelled else None
             prio = priorities_for(batch) if m.kind == "kvpop-oracle" else None
             seed = eval_cfg.seed * 7919 + bi
             if m.kind == "golden":  # golden's own rollout is the golden pass

@@ -52,8 +52,10 @@ def reference_key(recipe, prompt_ids: list[int], seed: int, model: dict) -> str:
 
 
 @torch.no_grad()
-def reference_traces(recipe, model, tok, problems, device, use_cache: bool = True, log=print) -> list[dict]:
-    """One dict per problem: ``ids`` [1, S], ``prompt_len``, full-cache ``loss`` and ``entropy`` [S], ``correct``."""
+def reference_traces(recipe, model, tok, problems, device, use_cache: bool = True, log=print,
+                     progress: bool = False) -> list[dict]:
+    """One dict per problem: ``ids`` [1, S], ``prompt_len``, full-cache ``loss`` and ``entropy`` [S], ``correct``.
+    ``progress``: a bar over the generation batches of the references not in the cache (each a long generation)."""
     seed = recipe.eval.seed
     rows = [prompts.encode(p, tok) for p in problems]
     fingerprint = model_fingerprint(recipe.model)  # one look at the model's files for all prompts
@@ -72,6 +74,9 @@ def reference_traces(recipe, model, tok, problems, device, use_cache: bool = Tru
         log(f"[eval] {len(problems) - len(todo)} of {len(problems)} reference traces from the cache ({cache_dir()})")
     decoding = Decoding.from_recipe(recipe.traces, tok, do_sample=recipe.eval.do_sample)
     bs = max(1, recipe.traces.batch_size)
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(todo), desc="references", unit="trace", disable=not (progress and todo))
     for b0 in range(0, len(todo), bs):
         part = todo[b0:b0 + bs]
         ids, mask = prompts.pad_rows([rows[i] for i in part], tok.pad_token_id, device)
@@ -92,6 +97,8 @@ def reference_traces(recipe, model, tok, problems, device, use_cache: bool = Tru
                 atomic.write_json(cache_dir() / f"{keys[i]}.json",
                                   {"ids": seqs[j], "prompt_len": len(rows[i]), "loss": refs[i]["loss"].tolist(),
                                    "entropy": refs[i]["entropy"].tolist(), "correct": ok})
+        bar.update(len(part))
+    bar.close()
     return refs
 
 

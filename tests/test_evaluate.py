@@ -207,7 +207,7 @@ def test_one_golden_rollout_scores_every_method_as_its_own_would(qwen3):
         assert all(0 <= kv <= 1 and (kv == 1) == (v == 1) and kv >= v for _, v, kv in shared[m.name]), m.name
 
 
-def test_references_are_seeded_per_prompt_batched_and_cached(tiny_model_dir, monkeypatch):
+def test_references_are_seeded_per_prompt_batched_and_cached(tiny_model_dir, monkeypatch, capsys):
     from foresight import prompts, references
     from foresight.models import load_model
 
@@ -216,18 +216,49 @@ def test_references_are_seeded_per_prompt_batched_and_cached(tiny_model_dir, mon
     r = load_recipe("recipes/tiny-qwen3.yaml", sets + ["traces.batch_size=3"])
     model, tok = load_model(r.model)
     problems = prompts.load_prompts(r, r.traces.heldout_offset, 3, tok)
-    batched = references.reference_traces(r, model, tok, problems, "cpu", use_cache=False, log=lambda *_: None)
+    capsys.readouterr()
+    batched = references.reference_traces(r, model, tok, problems, "cpu", use_cache=False, log=lambda *_: None,
+                                          progress=True)
+    err = capsys.readouterr().err
+    assert "references: 100%" in err and "3/3" in err  # a bar over the three generated references
     r1 = load_recipe("recipes/tiny-qwen3.yaml", sets + ["traces.batch_size=1"])
     alone = references.reference_traces(r1, model, tok, problems, "cpu", use_cache=True, log=lambda *_: None)
     for a, b in zip(batched, alone):  # a sampled row does not depend on the batch it ran in
         assert torch.equal(a["ids"], b["ids"]) and torch.allclose(a["loss"], b["loss"], atol=1e-5)
     assert len({tuple(x["ids"][0].tolist()) for x in alone}) == 3
     monkeypatch.setattr(references, "generate", lambda *a, **k: (_ for _ in ()).throw(AssertionError("generated")))
-    again = references.reference_traces(r, model, tok, problems, "cpu", use_cache=True, log=lambda *_: None)
+    again = references.reference_traces(r, model, tok, problems, "cpu", use_cache=True, log=lambda *_: None,
+                                        progress=True)
+    assert "references" not in capsys.readouterr().err  # nothing to generate, no bar
     assert all(torch.equal(a["ids"], b["ids"]) and torch.equal(a["loss"], b["loss"]) for a, b in zip(again, alone))
     other = load_recipe("recipes/tiny-qwen3.yaml", sets + ["traces.max_new_tokens=13"])
     with pytest.raises(AssertionError, match="generated"):  # another trace length is another reference
         references.reference_traces(other, model, tok, problems, "cpu", use_cache=True, log=lambda *_: None)
+
+
+def test_eval_without_recall_computes_no_golden_labels_and_the_same_loss_ratios(tiny_model_dir, tmp_path, monkeypatch):
+    """eval.recall=false: the heuristics' rows without golden's labels (never computed) or recall columns, their
+    losses as with recall; golden itself still gets its labels."""
+    from foresight import evaluate
+
+    r = load_recipe("recipes/tiny-qwen3.yaml", [f"model.path={tiny_model_dir}", *SETS])
+    with_recall = run_eval(r, tmp_path / "ev", methods="full,h2o,tova", budgets="12:4", progress=False,
+                           log=lambda *_: None)
+    labels = evaluate.block_pooled_attention
+    monkeypatch.setattr(evaluate, "block_pooled_attention",
+                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("golden labels computed")))
+    quick = load_recipe("recipes/tiny-qwen3.yaml", [f"model.path={tiny_model_dir}", *SETS, "eval.recall=false"])
+    rows = run_eval(quick, tmp_path / "quick", methods="full,h2o,tova", budgets="12:4", progress=False,
+                    log=lambda *_: None)
+    assert [x["method"] for x in rows] == ["full", "h2o", "tova"]
+    for a, b in zip(rows[1:], with_recall[1:]):
+        assert a["recall_at_L"] is None and a["keep_recall"] is None and b["recall_at_L"] is not None
+        assert a["loss_ratio"] == b["loss_ratio"] and a["per_trace"] == b["per_trace"]
+    with pytest.raises(ValueError, match="another evaluation"):  # recall's rows cannot extend an evaluation without
+        run_eval(r, tmp_path / "quick", methods="full,h2o,tova", budgets="12:4", progress=False, log=lambda *_: None)
+    monkeypatch.setattr(evaluate, "block_pooled_attention", labels)
+    golden = run_eval(quick, tmp_path / "golden", methods="golden", budgets="12:4", progress=False, log=lambda *_: None)
+    assert golden[0]["loss_ratio"] < rows[1]["loss_ratio"]
 
 
 def test_eval_with_every_prompt_protected_draws_golden_from_its_own_labels(tiny_model_dir, tmp_path):
