@@ -176,3 +176,24 @@ def test_paired_difference_matches_traces_that_share_a_full_cache_loss():
     assert paired_ratio_diff_ci(no_ids[1], no_ids[0]) is None  # 10.0 twice, in another order: ambiguous
     wrong = {"evicted_loss": [12.0, 15.0, 22.0, 34.0], "full_loss": full}  # trace 1 unchanged: not b
     assert paired_ratio_diff_ci(wrong, no_ids[0]) != [lo, hi]
+
+
+def test_a_report_of_an_evaluation_alone_says_it_has_no_training_traces(tmp_path):
+    """The report stage on a folder that holds only an evaluation (given scorers, more held-out references): goal
+    checks from its rows, and no made-up training-trace figures."""
+    from foresight import atomic
+    from foresight.realbench import SAMPLERS, SFT_ABLATIONS
+    from foresight.realbench_report import write_report
+
+    extra = {"protect_prompt": False, "high_entropy_loss_increase": 0.2, "accuracy": None, "n_samples": 0,
+             "mean_cache": 150.0, "keep_recall": None}
+    rows = [_row("foresight-sft", 128, 1.10, (1.08, 1.12)) | extra, _row("tova", 128, 1.20, (1.15, 1.25)) | extra]
+    atomic.write_json(tmp_path / "ev" / "eval" / "results.json", rows)
+    atomic.write_json(tmp_path / "ev" / "eval" / "meta.json", {"model": "m", "num_problems": 192,
+                                                                "mean_trace_length": 1125.0, "mean_prompt_length": 101.0,
+                                                                "full_cache_trace_accuracy": None})
+    res = write_report(tmp_path / "ev", tmp_path / "rep", SFT_ABLATIONS, SAMPLERS, command="c", took={})
+    md = (tmp_path / "rep" / "results.md").read_text()
+    assert "none in this folder" in md and "? kept" not in md and "**held-out:** 192 references" in md
+    assert res["goal_checks"][0]["separated_from_every_heuristic"] is True
+    assert "| 128:32 | foresight-sft | 1.1000 | tova | 1.2000 | yes | yes |" in md
