@@ -250,8 +250,8 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
             protect_label = "fallback"
         settings = m.settings(B, L, overflow)
         metrics, along = TraceMetrics(), {}
+        labelled = not m.is_full and (eval_cfg.recall or m.kind == "golden")  # golden's labels for this method
         for bi, batch in enumerate(batches):
-            labelled = not m.is_full and (eval_cfg.recall or m.kind == "golden")
             future = future_for(batch, settings) if labelled else None
             prio = priorities_for(batch) if m.kind == "kvpop-oracle" else None
             seed = eval_cfg.seed * 7919 + bi

@@ -233,6 +233,10 @@ def write_report(out: Path, report: Path, sft_ablations, samplers, command: str,
     if not rows or not meta:
         raise FileNotFoundError(f"{out / 'eval'} has no finished evaluation (run the eval stage first)")
     traces_meta = _load(out / "traces" / "meta.json") or {}
+    trained_on = (f"{traces_meta.get('num_traces', '?')} kept (tokens: {json.dumps(traces_meta.get('length'))}) from "
+                  "the training prompts of `data_prep/prompts/realbench.jsonl`" if traces_meta else
+                  "none in this folder (an evaluation of given scorers: their checkpoints' `config.json` say what they "
+                  "were trained on)")
     sft, grpo = _load(out / "sft" / "metrics.json"), _load(out / "grpo" / "metrics.json")
     predictability = _load(out / "predictability" / "summary.json")
     checks, rl = goal_checks(rows), grpo_vs_sft(rows)
@@ -251,11 +255,7 @@ def write_report(out: Path, report: Path, sft_ablations, samplers, command: str,
           f"- **Command:** `{command}` (`make realbench`)",
           f"- **Commit:** {git_commit() or 'unknown'}; written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
           f"- **Stage seconds (all runs of this folder):** {json.dumps(took)}",
-          "- **Training traces:** " + (f"{traces_meta.get('num_traces', '?')} kept (tokens: "
-                                        f"{json.dumps(traces_meta.get('length'))}) from the training prompts of "
-                                        "`data_prep/prompts/realbench.jsonl`" if traces_meta else
-                                        "none in this folder (an evaluation of given scorers: their checkpoints' "
-                                        "`config.json` say what they were trained on)") + "; **held-out:** "
+          f"- **Training traces:** {trained_on}; **held-out:** "
           f"{meta['num_problems']} references, mean {meta['mean_trace_length']:.0f} tokens (prompt "
           f"{meta['mean_prompt_length']:.0f}), sampled with the recipe's settings and a fixed seed.",
           "- **Metrics:** loss ratio = Σ evicted loss / Σ full-cache loss over generated tokens; Δloss = mean loss "

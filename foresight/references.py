@@ -55,7 +55,7 @@ def reference_key(recipe, prompt_ids: list[int], seed: int, model: dict) -> str:
 def reference_traces(recipe, model, tok, problems, device, use_cache: bool = True, log=print,
                      progress: bool = False) -> list[dict]:
     """One dict per problem: ``ids`` [1, S], ``prompt_len``, full-cache ``loss`` and ``entropy`` [S], ``correct``.
-    ``progress``: a bar over the generation batches of the references not in the cache (each a long generation)."""
+    ``progress``: a bar over the references not in the cache, advancing as each generation batch finishes."""
     seed = recipe.eval.seed
     rows = [prompts.encode(p, tok) for p in problems]
     fingerprint = model_fingerprint(recipe.model)  # one look at the model's files for all prompts
