@@ -147,15 +147,25 @@ def ablations(bench: Bench) -> None:
         if mode == bench.recipe().eval.scorer_selection:
             continue  # the main evaluation's rows at this budget (the report takes them from there)
         banner(f"sampler {mode}")
-        run_eval(bench.recipe(f"eval.scorer_selection={mode}"), out / f"eval-sampler-{mode}", methods="golden",
-                 budgets=budget, scorers=[d for d in (out / "sft", out / "grpo") if trained(d)])
+        run_eval(bench.recipe(f"eval.scorer_selection={mode}"), out / f"eval-sampler-{mode}",
+                 methods=reference_method(bench.recipe()), budgets=budget,
+                 scorers=[d for d in (out / "sft", out / "grpo") if trained(d)])
     for group, members in ablation_groups():
         for name, what, sets in members:
             banner(f"ablation {name}: {what}")
             train("sft", bench.recipe(*sets), traces, out / "ablations" / name)
-        scorers = [out / "sft"] + [out / "ablations" / name for name, _, _ in members]
-        run_eval(bench.recipe(), out / f"eval-ablations-{group}", methods="golden", budgets=budget,
-                 scorers=[d for d in scorers if trained(d)])
+        scorers = [out / "sft"] + [out / "ablations" / name for name, _, _ in members]  # sft first: the variants
+        # are then named foresight-sft(NAME) (a lone scorer would be plain foresight-sft)
+        run_eval(bench.recipe(), out / f"eval-ablations-{group}", methods=reference_method(bench.recipe()),
+                 budgets=budget, scorers=[d for d in scorers if trained(d)])
+
+
+def reference_method(recipe) -> str:
+    """The method evaluated beside the scorers in the ablation and sampler evaluations: golden when they measure
+    recall@L (its rollout is what recall is measured along), else the full cache, which costs nothing (golden's labels
+    and rollout are the costliest rows on a CPU, and the tables compare the learned rows only; the report pairs every
+    variant with the main SFT scorer on the same traces)."""
+    return "golden" if recipe.eval.recall else "full"
 
 
 def ablation_groups() -> list[tuple[str, list]]:

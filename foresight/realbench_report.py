@@ -99,15 +99,42 @@ def _compact(rows: list[dict] | None) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "per_trace"} for r in rows or []]
 
 
+def paired_cell(a: dict | None, b: dict | None) -> str:
+    """Loss ratio of row a minus row b with the paired 95% interval over the traces both hold; "—" for a row
+    against itself or when they cannot be paired."""
+    if a is None or b is None or a is b or not (a.get("per_trace") and b.get("per_trace")):
+        return "—"
+    ci = paired_ratio_diff_ci(a["per_trace"], b["per_trace"])
+    if ci is None:
+        return "—"
+    return f"{a['loss_ratio'] - b['loss_ratio']:+.4f} [{ci[0]:+.4f}, {ci[1]:+.4f}]"
+
+
 def ablation_table(rows: list[dict], labels: dict[str, str]) -> str:
-    head = "| variant | loss ratio [95% CI] | Δloss low-H [95% CI] | recall@L [95% CI] |\n|---|---|---|---|\n"
+    """The learned rows of the ablation evaluations, each paired with the main SFT scorer on the same traces."""
+    head = ("| variant | loss ratio [95% CI] | − main (paired 95% CI) | Δloss low-H [95% CI] | recall@L [95% CI] |\n"
+            "|---|---|---|---|---|\n")
+    main = next((r for r in rows if r["method"] == "foresight-sft"), None)
     body = ""
     for r in rows:
         if method_group(r["method"]) != "learned":
             continue
-        body += (f"| {labels.get(r['method'], r['method'])} | {_ci(r, 'loss_ratio')} | "
+        body += (f"| {labels.get(r['method'], r['method'])} | {_ci(r, 'loss_ratio')} | {paired_cell(r, main)} | "
                  f"{_ci(r, 'low_entropy_loss_increase', cell=dloss)} | {_ci(r, 'recall_at_L', 3)} |\n")
     return head + body
+
+
+def sampler_table(sampler_rows: dict[str, list[dict] | None], main_mode: str | None) -> list[str]:
+    """Each learned scorer under each eviction sampler, paired with the same scorer under the main evaluation's."""
+    md = ["| sampler | scorer | loss ratio [95% CI] | − " + (main_mode or "main") + " (paired 95% CI) | "
+          "Δloss low-H [95% CI] |", "|---|---|---|---|---|"]
+    base = {r["method"]: r for r in sampler_rows.get(main_mode) or []}
+    for mode, srows in sampler_rows.items():
+        for r in srows or []:
+            if method_group(r["method"]) == "learned":
+                md.append(f"| {mode} | {r['method']} | {_ci(r, 'loss_ratio')} | {paired_cell(r, base.get(r['method']))} "
+                          f"| {_ci(r, 'low_entropy_loss_increase', cell=dloss)} |")
+    return md
 
 
 def _val(h: dict, key: str, nd: int = 4) -> str:
@@ -287,12 +314,8 @@ def write_report(out: Path, report: Path, sft_ablations, samplers, command: str,
     md += ["\n## Ablations (middle budget)\n"]
     md += [ablation_table(ablation_rows, labels) if ablation_rows else "Not run.\n"]
     md += ["\n**Eviction sampler at evaluation** (the paper's Table 5: top-L, Top-2L multinomial, multinomial over all "
-           "candidates):\n", "| sampler | scorer | loss ratio [95% CI] | Δloss low-H [95% CI] |", "|---|---|---|---|"]
-    for mode, srows in sampler_rows.items():
-        for r in srows or []:
-            if method_group(r["method"]) == "learned":
-                md.append(f"| {mode} | {r['method']} | {_ci(r, 'loss_ratio')} | "
-                          f"{_ci(r, 'low_entropy_loss_increase', cell=dloss)} |")
+           "candidates):\n"]
+    md += sampler_table(sampler_rows, main_sampler[0] if main_sampler else None)
     md += ["\n## Training\n",
            f"SFT: {json.dumps({k: v for k, v in (sft or {}).items() if k != 'history'})}\n",
            "GRPO per step:\n", grpo_section(grpo)]

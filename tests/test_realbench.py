@@ -110,6 +110,36 @@ def test_paired_difference_separates_what_trace_difficulty_hides():
     assert not c["separated_from_every_heuristic"] and c["heuristics_not_below_paired"] == []
 
 
+def test_ablation_and_sampler_tables_pair_each_row_with_the_main_one():
+    """Each SFT variant's loss ratio minus the main scorer's, and each sampler's minus the main sampler's for the same
+    scorer, with the paired interval on the same traces; the reference method is golden only when recall is measured."""
+    from foresight import realbench
+    from foresight.realbench_report import ablation_table, sampler_table
+
+    full = [10.0, 20.0, 30.0, 40.0]
+
+    def row(method, evicted):
+        r = _row(method, 256, sum(evicted) / sum(full), (0.9, 1.3))
+        return r | {"per_trace": {"evicted_loss": evicted, "full_loss": full, "trace": [0, 1, 2, 3]}}
+
+    main = row("foresight-sft", [11.0, 21.0, 33.0, 42.0])
+    worse = row("foresight-sft(kv-only)", [12.0, 23.0, 34.0, 45.0])  # above main on every trace
+    table = ablation_table([row("golden", full), main, worse], {"foresight-sft": "main"})
+    lines = table.splitlines()
+    assert "− main (paired 95% CI)" in lines[0] and len(lines) == 4  # golden is not a learned row
+    assert lines[2].split(" | ")[2] == "—"  # the main row against itself
+    diff, lo, hi = (float(x.strip("[],")) for x in lines[3].split(" | ")[2].split())
+    assert diff == pytest.approx(7 / 100) and 0 < lo <= diff <= hi
+    sampled = row("foresight-sft", worse["per_trace"]["evicted_loss"])  # the main scorer, sampling its evictions
+    md = sampler_table({"topk": [main], "sample": [sampled, row("foresight-grpo", full)], "multinomial": None}, "topk")
+    assert "− topk (paired 95% CI)" in md[0] and len(md) == 5
+    assert md[2].split(" | ")[3] == "—" and md[3].split(" | ")[3].startswith("+0.0700 [")  # the top-L row pairs
+    assert md[4].split(" | ")[3] == "—"  # no top-L row of GRPO to pair with
+    assert realbench.reference_method(load_recipe(ROOT / "recipes/smollm2-135m-realbench.yaml")) == "golden"
+    off = load_recipe(ROOT / "recipes/smollm2-135m-realbench.yaml", ["eval.recall=false"])
+    assert realbench.reference_method(off) == "full"
+
+
 def test_realbench_runs_end_to_end_and_resumes(tiny_model_dir, tmp_path, monkeypatch):
     """Every stage on a tiny model and short traces; a second run trains and evaluates nothing again."""
     from foresight import realbench
@@ -145,7 +175,7 @@ def test_realbench_runs_end_to_end_and_resumes(tiny_model_dir, tmp_path, monkeyp
     assert not (tmp_path / "rb" / "eval-sampler-topk").exists()
     assert len(res["grpo"]["history"]) == 2 and {"kl", "clip_frac", "reward_mean"} <= set(res["grpo"]["history"][0])
     md = (tmp_path / "report/results.md").read_text()
-    assert "## Goal checks" in md and "attn-only" in md and "| multinomial |" in md
+    assert "## Goal checks" in md and "attn-only" in md and "| multinomial |" in md and "− main (paired 95% CI)" in md
     width = load_recipe(ROOT / "recipes/tiny-qwen3.yaml").scorer.hidden  # the tiny recipe's scorer, from its config
     assert f"main: key + value + attention, width {width}, mean pooling" in md
     pred = res["predictability"]
