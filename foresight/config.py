@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -304,6 +305,21 @@ def _fill(obj, data: dict, where: str):
             setattr(obj, key, _coerce(value, tp, f"{where}.{key}" if where else key))
 
 
+class RecipeLoader(yaml.SafeLoader):
+    """YAML as recipes mean it: no YAML 1.1 base-60 numbers, so ``256:32`` (a budget) stays the string it reads as
+    instead of the integer 15392; every other scalar resolves as with ``yaml.safe_load``."""
+
+
+RecipeLoader.yaml_implicit_resolvers = {
+    first: [(tag, re.compile(r"^(?!.*:)" + rx.pattern.lstrip("^"), rx.flags) if tag.endswith((":int", ":float")) else rx)
+            for tag, rx in resolvers]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+
+
+def read_yaml(text: str):
+    return yaml.load(text, Loader=RecipeLoader)
+
+
 def load_recipe(path: str | Path | None = None, overrides: list[str] | None = None) -> Recipe:
     """Read a YAML recipe (None = the built-in defaults, i.e. tiny-qwen3) and apply ``section.field=value`` overrides."""
     recipe = Recipe()
@@ -314,7 +330,7 @@ def load_recipe(path: str | Path | None = None, overrides: list[str] | None = No
         if not p.is_file():
             raise RecipeError(f"recipe {p} is not a file")
         try:
-            data = yaml.safe_load(p.read_text()) or {}
+            data = read_yaml(p.read_text()) or {}
         except (yaml.YAMLError, UnicodeDecodeError) as e:
             raise RecipeError(f"recipe {p} is not valid YAML: {e}") from None
         _fill(recipe, data, "")
@@ -324,7 +340,7 @@ def load_recipe(path: str | Path | None = None, overrides: list[str] | None = No
         key, raw = item.split("=", 1)
         parts = key.strip().split(".")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = read_yaml(raw) if raw.strip() else ""
         except yaml.YAMLError:
             raise RecipeError(f"--set {item!r}: the value is not valid YAML (quote strings)") from None
         nested: dict = {}

@@ -45,6 +45,15 @@ def test_bad_overrides(capsys, tmp_path, override, needle):
     one_line_error(*run(capsys, "traces", "--recipe", RECIPE, "--set", override, "--out", tmp_path / "o"), needle)
 
 
+def test_a_single_budget_reads_as_the_budget_it_looks_like(tmp_path):
+    """YAML 1.1 reads ``256:32`` as the base-60 integer 15392; a recipe or ``--set`` means the budget."""
+    assert load_recipe(RECIPE, ["eval.budgets=256:32"]).eval.budgets == "256:32"
+    f = tmp_path / "r.yaml"
+    f.write_text("cache:\n  budget: 64\n  interval: 16\neval:\n  budgets: 128:32\n  num_problems: 0x10\n")
+    r = load_recipe(f, ["sft.lr=3e-4", "sft.steps=1_000"])
+    assert (r.eval.budgets, r.eval.num_problems, r.sft.lr, r.sft.steps) == ("128:32", 16, 3e-4, 1000)
+
+
 def test_a_recipe_that_is_a_folder(capsys, tmp_path):
     one_line_error(*run(capsys, "traces", "--recipe", tmp_path, "--out", tmp_path / "o"), f"recipe {tmp_path} is not a file")
 
