@@ -55,13 +55,24 @@ def ledger_spec(task) -> ledger.LedgerSpec:
 
 
 def heldout_prompts(recipe, count: int, tokenizer=None) -> list["Prompt"]:
-    """The first ``count`` held-out prompts: synthetic seeds from ``traces.heldout_offset``, or the dataset rows after
-    the training prompts; none is an error."""
-    start = recipe.traces.heldout_offset if recipe.traces.prompt_dataset is None else recipe.traces.num_prompts
+    """The first ``count`` held-out prompts: synthetic seeds from ``traces.heldout_offset``; for a dataset with a
+    ``split`` column its first ``heldout`` rows, whatever the number of training prompts used (traces from the first
+    64 of 264 training rows are evaluated on the same held-out rows as traces from all of them); else the rows after
+    the training prompts. None is an error."""
+    start = recipe.traces.heldout_offset if recipe.traces.prompt_dataset is None else first_heldout_row(recipe)
     problems = load_prompts(recipe, start, count, tokenizer, split="heldout")
     if not problems:
         raise ValueError(f"no held-out problems: the prompt dataset has no rows after the first {start}")
     return problems
+
+
+def first_heldout_row(recipe) -> int:
+    """Where a prompt dataset's held-out rows begin: its first ``split == heldout`` row when it has a ``split``
+    column, else right after the ``traces.num_prompts`` training rows."""
+    ds = load_prompt_dataset(recipe.traces.prompt_dataset, recipe.traces.prompt_split)
+    if "split" not in ds.column_names:
+        return recipe.traces.num_prompts
+    return next((i for i, s in enumerate(ds["split"]) if s == "heldout"), len(ds))
 
 
 def load_prompts(recipe, start: int, count: int, tokenizer=None, split: str | None = None) -> list[Prompt]:

@@ -50,6 +50,20 @@ def test_a_recipe_reading_heldout_rows_as_training_rows_is_refused():
     assert len(prompts.load_prompts(recipe, 264, 64, split="heldout")) == 64
 
 
+def test_heldout_rows_do_not_move_with_the_number_of_training_prompts(tmp_path):
+    """Traces from part of the training rows are evaluated on the dataset's held-out rows; a dataset without a
+    ``split`` column holds out the rows after the training prompts."""
+    from foresight import prompts
+
+    R = ROOT / "recipes/smollm2-135m-realbench.yaml"
+    every = [p.index for p in prompts.heldout_prompts(load_recipe(R), 3)]
+    assert every == [p.index for p in prompts.heldout_prompts(load_recipe(R, ["traces.num_prompts=64"]), 3)] == [264, 265, 266]
+    plain = tmp_path / "p.jsonl"
+    plain.write_text("".join(json.dumps({"prompt": f"question {i}"}) + "\n" for i in range(10)))
+    r = load_recipe(R, [f"traces.prompt_dataset={plain}", "traces.num_prompts=7"])
+    assert [p.index for p in prompts.heldout_prompts(r, 5)] == [7, 8, 9]
+
+
 def _row(method, B, lr, ci, low=0.1, low_ci=(0.09, 0.11)):
     return {"method": method, "budget": B, "interval": 32, "loss_ratio": lr, "loss_ratio_ci": list(ci),
             "low_entropy_loss_increase": low, "low_entropy_loss_increase_ci": list(low_ci), "recall_at_L": 0.8,
