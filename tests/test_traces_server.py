@@ -83,7 +83,21 @@ def remote(url, **extra):
     return recipe(**{"traces.engine": "openai", "traces.base_url": url, **extra})
 
 
-class Relay(BaseHTTPRequestHandler):
+class JsonHandler(BaseHTTPRequestHandler):
+    """An HTTP handler that answers JSON bytes and keeps quiet."""
+
+    def reply(self, status: int, raw: bytes):
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def log_message(self, *args):
+        pass
+
+
+class Relay(JsonHandler):
     """Passes every request on to the server and counts those in flight at once: the concurrency the server was sent,
     measured outside it (what ``transformers serve`` logs per request changed in 5.25)."""
 
@@ -110,14 +124,7 @@ class Relay(BaseHTTPRequestHandler):
         finally:
             with cls.lock:
                 cls.in_flight -= 1
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
-
-    def log_message(self, *args):
-        pass
+        self.reply(status, raw)
 
 
 @pytest.fixture
@@ -191,7 +198,7 @@ def test_a_model_the_server_does_not_serve_lists_the_ones_it_does(server, tmp_pa
         traces.make_traces(remote(server.url, **{"traces.server_model": "other/model"}), tmp_path / "srv", **QUIET)
 
 
-class Answers(BaseHTTPRequestHandler):
+class Answers(JsonHandler):
     """A server that answers /v1/models, and /v1/completions with the status and body set on the class."""
 
     status, body, calls = 200, {}, []
@@ -204,15 +211,7 @@ class Answers(BaseHTTPRequestHandler):
         self._send(type(self).status, type(self).body)
 
     def _send(self, status, body):
-        raw = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
-
-    def log_message(self, *args):
-        pass
+        self.reply(status, json.dumps(body).encode())
 
 
 @pytest.fixture
