@@ -142,13 +142,13 @@ def ablations(bench: Bench) -> None:
     from foresight.evaluate import run_eval
 
     out, traces = bench.out, bench.out / "traces"
-    budget = bench.middle_budget()
+    budget, reference = bench.middle_budget(), reference_method(bench.recipe())
     for mode in SAMPLERS:
         if mode == bench.recipe().eval.scorer_selection:
             continue  # the main evaluation's rows at this budget (the report takes them from there)
         banner(f"sampler {mode}")
         run_eval(bench.recipe(f"eval.scorer_selection={mode}"), out / f"eval-sampler-{mode}",
-                 methods=reference_method(bench.recipe()), budgets=budget,
+                 methods=reference, budgets=budget,
                  scorers=[d for d in (out / "sft", out / "grpo") if trained(d)])
     for group, members in ablation_groups():
         for name, what, sets in members:
@@ -156,8 +156,8 @@ def ablations(bench: Bench) -> None:
             train("sft", bench.recipe(*sets), traces, out / "ablations" / name)
         scorers = [out / "sft"] + [out / "ablations" / name for name, _, _ in members]  # sft first: the variants
         # are then named foresight-sft(NAME) (a lone scorer would be plain foresight-sft)
-        run_eval(bench.recipe(), out / f"eval-ablations-{group}", methods=reference_method(bench.recipe()),
-                 budgets=budget, scorers=[d for d in scorers if trained(d)])
+        run_eval(bench.recipe(), out / f"eval-ablations-{group}", methods=reference, budgets=budget,
+                 scorers=[d for d in scorers if trained(d)])
 
 
 def reference_method(recipe) -> str:

@@ -35,9 +35,14 @@ def _below(a: dict, b: dict, key: str) -> bool:
     return bool(ca and cb and ca[1] < cb[0])
 
 
+def _paired_ci(a: dict, b: dict) -> list[float] | None:
+    """The paired 95% interval of loss ratio(a) − loss ratio(b) on the traces both rows hold; None without them."""
+    return paired_ratio_diff_ci(a["per_trace"], b["per_trace"]) if a.get("per_trace") and b.get("per_trace") else None
+
+
 def _paired_below(a: dict, b: dict) -> bool:
     """a's loss ratio is below b's on the same traces: the paired 95% interval of the difference lies below 0."""
-    ci = paired_ratio_diff_ci(a["per_trace"], b["per_trace"]) if a.get("per_trace") and b.get("per_trace") else None
+    ci = _paired_ci(a, b)
     return bool(ci and ci[1] < 0)
 
 
@@ -102,9 +107,7 @@ def _compact(rows: list[dict] | None) -> list[dict]:
 def paired_cell(a: dict | None, b: dict | None) -> str:
     """Loss ratio of row a minus row b with the paired 95% interval over the traces both hold; "—" for a row
     against itself or when they cannot be paired."""
-    if a is None or b is None or a is b or not (a.get("per_trace") and b.get("per_trace")):
-        return "—"
-    ci = paired_ratio_diff_ci(a["per_trace"], b["per_trace"])
+    ci = None if a is None or b is None or a is b else _paired_ci(a, b)
     if ci is None:
         return "—"
     return f"{a['loss_ratio'] - b['loss_ratio']:+.4f} [{ci[0]:+.4f}, {ci[1]:+.4f}]"
