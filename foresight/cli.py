@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scorers", type=Path, action="append", default=[], help="a scorer checkpoint (repeatable)")
     p.add_argument("--record", action="store_true",
                    help="also store the results in each --scorers checkpoint (config.json and model card)")
+    p.add_argument("--traces", type=Path, default=None,
+                   help="evaluate on this traces folder's validation traces (its last sft.val_traces) instead of the "
+                        "held-out references: for choosing settings without the test set (eval.traces)")
 
     p = sub.add_parser("compare", help="paired comparison of two evaluated methods on the same held-out traces")
     p.add_argument("base", type=Path, help="an eval output folder (or its results.json): the baseline")
@@ -126,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.cmd == "eval":
             from foresight.evaluate import run_eval
+
+            if args.traces is not None:
+                recipe.eval.traces = str(args.traces)
 
             run_eval(recipe, args.out, methods=args.methods, budgets=args.budgets, scorers=args.scorers,
                      progress=not args.no_progress, record=args.record)

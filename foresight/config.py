@@ -226,6 +226,10 @@ class EvalConfig:
     # budget, the evaluation's costliest part on a CPU (SmolLM2: ~10 s per trace and budget, against ~2 s per method).
     # false: loss ratios and loss increases only (golden, when evaluated, still computes its own labels)
     recall: bool = True
+    # a traces folder: evaluate on its validation traces (the last sft.val_traces, at most num_problems of them; they
+    # already hold their full-cache losses) instead of the held-out references, to choose evaluation settings without
+    # looking at the test set (foresight/trace_references.py). null: the held-out prompts' references
+    traces: str | None = None
 
 
 @dataclass

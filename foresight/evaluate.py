@@ -53,6 +53,7 @@ from foresight.references import make_batch, reference_traces, stack_padded, tra
 from foresight.report import results_table
 from foresight.rollout import rollout
 from foresight.selection import top_indices, topk_overlap
+from foresight.trace_references import validation_references
 from foresight.trace_metrics import TraceMetrics
 from foresight.validation import parse_budgets
 
@@ -172,11 +173,15 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
     device = next(model.parameters()).device
     meths = build_methods(method_names, list(scorers), model, eval_cfg.protect_prompt,
                           (recipe.kvpop.window, recipe.kvpop.sinks), (eval_cfg.scorer_selection, eval_cfg.scorer_temperature))
-    problems = prompts.heldout_prompts(recipe, eval_cfg.num_problems, tok)
     t0 = time.time()
-    log(f"[eval] {len(problems)} held-out problems; reference full-cache traces ...")
-    refs = reference_traces(recipe, model, tok, problems, device, use_cache=eval_cfg.cache_references, log=log,
-                            progress=progress)
+    if eval_cfg.traces:  # validation traces of a traces folder: nothing to generate
+        problems, refs = validation_references(recipe, eval_cfg.traces, model, device, scorers)
+        log(f"[eval] {len(refs)} validation traces of {eval_cfg.traces} (not the held-out references)")
+    else:
+        problems = prompts.heldout_prompts(recipe, eval_cfg.num_problems, tok)
+        log(f"[eval] {len(problems)} held-out problems; reference full-cache traces ...")
+        refs = reference_traces(recipe, model, tok, problems, device, use_cache=eval_cfg.cache_references, log=log,
+                                progress=progress)
     bs = eval_cfg.batch_size
     batchings = {flag: [make_batch(refs, b, tok.pad_token_id) for b in trace_batches(refs, bs, flag)]
                  for flag in (False, True)}
@@ -231,7 +236,8 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
             "full_cache_trace_accuracy": None if recipe.task.kind == "none" else
             sum(bool(r["correct"]) for r in refs) / len(refs),
             "mean_trace_length": sum(r["ids"].shape[1] for r in refs) / len(refs),
-            "mean_prompt_length": sum(r["prompt_len"] for r in refs) / len(refs)}
+            "mean_prompt_length": sum(r["prompt_len"] for r in refs) / len(refs),
+            "references": f"validation traces of {eval_cfg.traces}" if eval_cfg.traces else "held-out"}
     atomic.write_json(out / "meta.json", meta, indent=1)  # with the rows finished so far, a stopped run can be reported
     for m, B, L in jobs:
         bar.set_postfix(method=m.name, budget=f"{B}:{L}")

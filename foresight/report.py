@@ -86,9 +86,11 @@ def results_table(rows, meta) -> str:
         f"{fmt(r['accuracy'])} | {r['n_samples']} | {with_ci(r['recall_at_L'], r.get('recall_at_L_ci'), 3)} | "
         f"{with_ci(r.get('keep_recall'), r.get('keep_recall_ci'), 3)} | {fmt(r['mean_cache'], 1)} |\n"
         for r in rows)
-    info = (f"\n{meta['num_problems']} held-out problems, mean trace {meta['mean_trace_length']:.0f} tokens "
+    source = meta.get("references", "held-out")
+    what = "held-out problems" if source == "held-out" else f"{source} (not the held-out set)"
+    info = (f"\n{meta['num_problems']} {what}, mean trace {meta['mean_trace_length']:.0f} tokens "
             f"(prompt {meta['mean_prompt_length']:.0f}); full-cache accuracy of the reference traces: "
-            f"{fmt(meta['full_cache_trace_accuracy'])}. Intervals: 95% bootstrap over the held-out traces.\n")
+            f"{fmt(meta['full_cache_trace_accuracy'])}. Intervals: 95% bootstrap over the traces.\n")
     return head + body + info
 
 

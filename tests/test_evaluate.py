@@ -271,3 +271,44 @@ def test_eval_with_every_prompt_protected_draws_golden_from_its_own_labels(tiny_
     assert [x["protect_prompt"] for x in rows] == [False, True, True, True]  # the full cache keeps everything anyway
     assert all(x["mean_cache"] > 24 for x in rows)  # the 21-token prompt is held besides the budget
     assert (tmp_path / "ev" / "eviction_map.png").exists()
+
+
+def test_eval_on_validation_traces_uses_the_held_out_split_and_refuses_a_scorer_trained_on_it(tiny_model_dir, tmp_path):
+    """eval.traces: the last sft.val_traces traces of a traces folder are the references (their stored full-cache
+    losses, nothing generated); a scorer trained on that folder holding out fewer traces is refused."""
+    from foresight.trace_data import load_traces
+
+    sets = [f"model.path={tiny_model_dir}", *SETS, "traces.num_prompts=8", "sft.val_traces=2"]
+    r = load_recipe("recipes/tiny-qwen3.yaml", sets)
+    traces.make_traces(r, tmp_path / "tr", progress=False, log=lambda *_: None)
+    train_sft(r, tmp_path / "tr", tmp_path / "sft", progress=False, log=lambda *_: None)
+    ds = load_traces(tmp_path / "tr")
+    val = [ds[i] for i in (6, 7)]
+    v = load_recipe("recipes/tiny-qwen3.yaml", [*sets, f"eval.traces={tmp_path / 'tr'}"])
+    rows = run_eval(v, tmp_path / "ev", methods="full,h2o", budgets="12:4", scorers=[tmp_path / "sft"],
+                    progress=False, log=lambda *_: None)
+    meta = json.loads((tmp_path / "ev" / "meta.json").read_text())
+    assert meta["num_problems"] == 2 and meta["references"].startswith("validation traces of")
+    assert "not the held-out set" in (tmp_path / "ev" / "results.md").read_text()
+    stored = sorted(sum(x["token_loss"][x["prompt_len"]:]) for x in val)
+    for x in rows:  # every method's full-cache sums are the validation traces' own stored losses
+        assert sorted(x["per_trace"]["full_loss"]) == pytest.approx(stored, rel=1e-4)
+    full = next(x for x in rows if x["method"] == "full")  # greedy traces: the rebuilt prompts regenerate them
+    assert full["accuracy"] == pytest.approx(sum(bool(x["correct"]) for x in val) / 2)
+    assert {x["method"] for x in rows} == {"full", "h2o", "foresight-sft"}
+    # the same evaluation on held-out references has other traces
+    held = run_eval(r, tmp_path / "held", methods="full", budgets="12:4", progress=False, log=lambda *_: None)
+    assert not any(h == pytest.approx(s, rel=1e-6) for h in held[0]["per_trace"]["full_loss"] for s in stored)
+    from foresight.cli import main as cli_main
+
+    argv = ["eval", "--recipe", "recipes/tiny-qwen3.yaml", *(a for x in sets for a in ("--set", x)), "--methods", "full",
+            "--budgets", "12:4", "--no-progress", "--out", str(tmp_path / "cli"), "--traces", str(tmp_path / "nope")]
+    assert cli_main(argv) == 2  # a missing traces folder: a one-line error
+    wider = load_recipe("recipes/tiny-qwen3.yaml", [*sets, "sft.val_traces=1"])
+    train_sft(wider, tmp_path / "tr", tmp_path / "sft1", progress=False, log=lambda *_: None)
+    with pytest.raises(ValueError, match="include its training traces"):
+        run_eval(v, tmp_path / "ev1", methods="full", budgets="12:4", scorers=[tmp_path / "sft1"], progress=False,
+                 log=lambda *_: None)
+    empty = load_recipe("recipes/tiny-qwen3.yaml", [*sets, "sft.val_traces=0", f"eval.traces={tmp_path / 'tr'}"])
+    with pytest.raises(ValueError, match="no validation traces"):
+        run_eval(empty, tmp_path / "ev0", methods="full", budgets="12:4", progress=False, log=lambda *_: None)
