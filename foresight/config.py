@@ -7,14 +7,12 @@ errors that name the offending key (a misspelled field must never be silently ig
 from __future__ import annotations
 
 import dataclasses
-import math
-import re
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
+from foresight.recipe_yaml import fill, read_yaml
 from foresight.validation import SELECTIONS, RecipeError, check_recipe, parse_budgets
 
 __all__ = ["RecipeError", "load_recipe", "parse_budgets", "Recipe", "EvictionSettings"]
@@ -249,81 +247,6 @@ class Recipe:
         return dataclasses.asdict(self)
 
 
-def _coerce(value, tp, where: str):
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _coerce(value, inner[0], where)
-    if origin is list:
-        if isinstance(value, str):
-            value = [v for v in value.split(",") if v]
-        if not isinstance(value, list):
-            raise RecipeError(f"{where}: expected a list, got {value!r}")
-        return [_coerce(v, args[0], where) for v in value]
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
-            return value.lower() in ("true", "1", "yes")
-        raise RecipeError(f"{where}: expected true/false, got {value!r}")
-    if tp is int:
-        if isinstance(value, bool):
-            raise RecipeError(f"{where}: expected an integer, got {value!r}")
-        try:
-            f = float(value)
-        except (TypeError, ValueError):
-            raise RecipeError(f"{where}: expected an integer, got {value!r}") from None
-        if not math.isfinite(f) or f != int(f):
-            raise RecipeError(f"{where}: expected an integer, got {value!r}")
-        return int(f)
-    if tp is float:
-        try:
-            f = float(value)
-        except (TypeError, ValueError):
-            raise RecipeError(f"{where}: expected a number, got {value!r}") from None
-        if not math.isfinite(f):
-            raise RecipeError(f"{where}: expected a finite number, got {value!r}")
-        return f
-    if tp is str:
-        if value is None:
-            raise RecipeError(f"{where}: expected a string, got null")
-        return str(value)
-    return value
-
-
-def _fill(obj, data: dict, where: str):
-    if not isinstance(data, dict):
-        raise RecipeError(f"{where or 'the recipe'}: expected a mapping, got {type(data).__name__}")
-    hints = typing.get_type_hints(type(obj))
-    names = {f.name for f in dataclasses.fields(obj)}
-    for key, value in data.items():
-        if key not in names:
-            raise RecipeError(f"unknown recipe field '{where}.{key}' (known: {', '.join(sorted(names))})".replace("'.", "'"))
-        tp = hints[key]
-        if dataclasses.is_dataclass(tp):
-            _fill(getattr(obj, key), value, f"{where}.{key}" if where else key)
-        else:
-            setattr(obj, key, _coerce(value, tp, f"{where}.{key}" if where else key))
-
-
-class RecipeLoader(yaml.SafeLoader):
-    """YAML as recipes mean it: no YAML 1.1 base-60 numbers, so ``256:32`` (a budget) stays the string it reads as
-    instead of the integer 15392; every other scalar resolves as with ``yaml.safe_load``."""
-
-
-RecipeLoader.yaml_implicit_resolvers = {
-    first: [(tag, re.compile(r"^(?!.*:)" + rx.pattern.lstrip("^"), rx.flags) if tag.endswith((":int", ":float")) else rx)
-            for tag, rx in resolvers]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-
-
-def read_yaml(text: str):
-    return yaml.load(text, Loader=RecipeLoader)
-
-
 def load_recipe(path: str | Path | None = None, overrides: list[str] | None = None) -> Recipe:
     """Read a YAML recipe (None = the built-in defaults, i.e. tiny-qwen3) and apply ``section.field=value`` overrides."""
     recipe = Recipe()
@@ -337,7 +260,7 @@ def load_recipe(path: str | Path | None = None, overrides: list[str] | None = No
             data = read_yaml(p.read_text()) or {}
         except (yaml.YAMLError, UnicodeDecodeError) as e:
             raise RecipeError(f"recipe {p} is not valid YAML: {e}") from None
-        _fill(recipe, data, "")
+        fill(recipe, data, "")
     for item in overrides or []:
         if "=" not in item:
             raise RecipeError(f"--set expects section.field=value, got {item!r}")
@@ -352,6 +275,6 @@ def load_recipe(path: str | Path | None = None, overrides: list[str] | None = No
         for part in parts[:-1]:
             cur = cur.setdefault(part, {})
         cur[parts[-1]] = value
-        _fill(recipe, nested, "")
+        fill(recipe, nested, "")
     check_recipe(recipe)
     return recipe
