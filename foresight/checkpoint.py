@@ -179,7 +179,7 @@ def model_card(cfg: dict) -> str:
 Learned KV-cache eviction scorers for a frozen LLM, trained with foresight (a re-implementation of ForesightKV,
 [arXiv 2602.03203](https://arxiv.org/abs/2602.03203)).
 
-- **LLM:** `{llm.get('name_or_path')}` ({llm.get('model_type')}, {llm.get('num_layers')} layers,
+- **LLM:** `{llm.get('path') or llm.get('name_or_path')}` ({llm.get('model_type')}, {llm.get('num_layers')} layers,
   {llm.get('num_attention_heads')} query / {llm.get('num_key_value_heads')} KV heads, head dim {llm.get('head_dim')})
 - **Budget:** B = {cfg['budget']} pairs per (sequence, layer, KV head), eviction every L = {cfg['interval']} tokens,
   {layout}

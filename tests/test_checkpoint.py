@@ -78,6 +78,9 @@ def test_model_card_and_recorded_evaluation(tmp_path):
     assert card.startswith("# ForesightKV eviction scorers (grpo)") and "| val_reward | -0.5 |" in card
     assert "https://arxiv.org/abs/2602.03203" in card and "github.com/)" not in card
     assert "Not evaluated yet" in card
+    named = save_scorer(bank_for_model(model), tmp_path / "named", describe(model) | {"path": "pypi:pkg/model.gguf"},
+                        budget=12, interval=4, sinks=0, stage="sft", metrics={})
+    assert "- **LLM:** `pypi:pkg/model.gguf` (" in (named / "README.md").read_text()  # as recipes name it, not a local path
     rows = [{"method": "foresight-grpo", "budget": 12, "interval": 4, "protect_prompt": False, "loss_ratio": 1.1,
              "accuracy": 0.5, "recall_at_L": 0.25},
             {"method": "h2o", "budget": 12, "interval": 4, "protect_prompt": False, "loss_ratio": 1.3,
