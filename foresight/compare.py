@@ -5,7 +5,8 @@ Two evaluations' rows (or two rows of one evaluation) at each shared budget, com
 interval, and a verdict — ``better``/``worse`` when the interval excludes 0, else ``not separated``. Lower is better
 for the loss ratio and the loss increases, higher for accuracy. This is the comparison to quote for "GRPO beats SFT"
 or "the learned scorer beats H2O": each method's own interval includes the spread of trace difficulty, which the
-pairing cancels.
+pairing cancels. Evaluations on a traces folder's validation traces (``eval.traces``) compare among themselves,
+never with held-out ones.
 
     foresight compare runs/eval-sft runs/eval-grpo                       # each folder's one evaluated method
     foresight compare runs/eval --base-method h2o --method foresight-sft  # two rows of one evaluation
@@ -108,6 +109,9 @@ def compare(base_path: Path, cand_path: Path, base_method: str | None = None, me
     ma, mb = pick_method(rows_a, base_method, base_path), pick_method(rows_b, method, cand_path)
     if (Path(base_path), ma) == (Path(cand_path), mb):
         raise ValueError(f"comparing {ma} in {base_path} with itself: name another method or evaluation")
+    ta, tb = references_of(base_path), references_of(cand_path)
+    if ta != tb:  # both number their traces from 0: nothing in the rows would tell them apart
+        raise ValueError(f"{base_path} ran on {ta} traces and {cand_path} on {tb}: not the same traces")
     by_a = {(r["budget"], r["interval"]): r for r in rows_a if r["method"] == ma}
     by_b = {(r["budget"], r["interval"]): r for r in rows_b if r["method"] == mb}
     shared = sorted(set(by_a) & set(by_b))
@@ -115,14 +119,28 @@ def compare(base_path: Path, cand_path: Path, base_method: str | None = None, me
         raise ValueError(f"{ma} in {base_path} (B:L {sorted(by_a)}) and {mb} in {cand_path} (B:L {sorted(by_b)}) "
                          "share no budget")
     return {"base": {"path": str(base_path), "method": ma}, "candidate": {"path": str(cand_path), "method": mb},
+            "traces": ta,
             "rows": [{"budget": B, "interval": L, "num_problems": by_a[(B, L)].get("num_problems"),
                       "metrics": compare_rows(by_a[(B, L)], by_b[(B, L)], seed)} for B, L in shared]}
+
+
+def references_of(path: Path) -> str:
+    """Which traces an evaluation ran on, from the ``meta.json`` beside its results: ``held-out`` (the default, and
+    for evaluations from before ``eval.traces``) or ``validation traces of DIR``."""
+    p = Path(path)
+    meta = (p if p.is_dir() else p.parent) / "meta.json"
+    try:
+        return json.loads(meta.read_text()).get("references", "held-out")
+    except (OSError, ValueError, AttributeError):
+        return "held-out"
 
 
 def compare_table(result: dict) -> str:
     """Markdown: one line per (budget, metric)."""
     a, b = result["base"]["method"], result["candidate"]["method"]
-    lines = [f"Paired comparison on the same held-out traces: candidate {b} ({result['candidate']['path']}) − base {a} "
+    traces = result.get("traces", "held-out")
+    traces = "held-out traces" if traces == "held-out" else traces
+    lines = [f"Paired comparison on the same {traces}: candidate {b} ({result['candidate']['path']}) − base {a} "
              f"({result['base']['path']}); 95% paired-bootstrap intervals.\n",
              "| B:L | metric | base | candidate | candidate − base [95% CI] | verdict |", "|---|---|---|---|---|---|"]
     for r in result["rows"]:

@@ -95,6 +95,15 @@ def test_compare_command_between_two_evaluations(tmp_path, capsys):
                       (["compare", str(tmp_path / "a"), str(tmp_path)], "no results.json")):
         assert main(argv) == 2, argv
         assert msg in capsys.readouterr().err
+    # an evaluation on validation traces (`eval.traces`) numbers its traces from 0 too: never paired with held-out ones
+    (tmp_path / "v").mkdir()
+    (tmp_path / "v" / "results.json").write_text(json.dumps(cand))
+    (tmp_path / "v" / "meta.json").write_text(json.dumps({"references": "validation traces of runs/tr"}))
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "v")]) == 2
+    assert "not the same traces" in capsys.readouterr().err
+    (tmp_path / "a" / "meta.json").write_text(json.dumps({"references": "validation traces of runs/tr"}))
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "v")]) == 0
+    assert "on the same validation traces of runs/tr" in capsys.readouterr().out
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "results.json").write_text("{not json")
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "d")]) == 2
