@@ -28,8 +28,12 @@ def eval_identity(recipe) -> dict:
     Training-only settings (``scorer``, the rest of ``sft``, ``grpo``) are left out: the scorers are checkpoints."""
     d = recipe.to_dict()
     keep = {k: d[k] for k in ("name", "task", "traces", "cache", "eval", "kvpop")}
-    return keep | {"model": {k: v for k, v in vars(recipe.model).items() if k not in ("device", "step")},
-                   "sft": {"golden_pool": recipe.sft.golden_pool}}
+    sft = {"golden_pool": recipe.sft.golden_pool}
+    if recipe.eval.traces is None:  # held-out references: the identity evaluations had before eval.traces existed
+        del keep["eval"]["traces"]
+    else:  # validation traces: which ones is sft.val_traces'
+        sft["val_traces"] = recipe.sft.val_traces
+    return keep | {"model": {k: v for k, v in vars(recipe.model).items() if k not in ("device", "step")}, "sft": sft}
 
 
 def _within(new, old) -> bool:

@@ -132,6 +132,10 @@ def test_training_settings_are_not_part_of_an_evaluation_s_identity():
     assert eval_identity(load_recipe("recipes/tiny-qwen3.yaml", ["grpo.lr=0.1", "sft.steps=7", "scorer.hidden=64"])) == base
     for changed in ("traces.temperature=0.3", "cache.sinks=2", "sft.golden_pool=max", "kvpop.window=8"):
         assert eval_identity(load_recipe("recipes/tiny-qwen3.yaml", [changed])) != base, changed
+    assert "traces" not in base["eval"]  # held-out evaluations keep the identity they had before eval.traces
+    on_val = eval_identity(load_recipe("recipes/tiny-qwen3.yaml", ["eval.traces=runs/tr"]))
+    assert on_val["eval"]["traces"] == "runs/tr" and on_val["sft"]["val_traces"] == 2
+    assert eval_identity(load_recipe("recipes/tiny-qwen3.yaml", ["eval.traces=runs/tr", "sft.val_traces=4"])) != on_val
 
 
 def _refs(model, lengths, prompt_len=6):
