@@ -55,12 +55,15 @@ def validation_references(recipe, traces_dir, model, device, scorers=()) -> tupl
                          f"{len(ds)} traces (at most a quarter are held out)")
     val_idx = val_idx[:recipe.eval.num_problems]
     check_scorers_unseen(Path(traces_dir), len(ds) - val_idx[0], scorers)
+    rows = [ds[i] for i in val_idx]
+    indices = [row.get("prompt_index", i) for row, i in zip(rows, val_idx)]
+    by_index = {}  # the prompts behind the traces, read in one pass over the prompt source
+    if recipe.task.kind != "none":
+        lo = min(indices)
+        by_index = {p.index: p for p in prompts.load_prompts(recipe, lo, max(indices) - lo + 1, split="train")}
     problems, refs = [], []
-    for i in val_idx:
-        row = ds[i]
-        index = row.get("prompt_index", i)
-        found = prompts.load_prompts(recipe, index, 1, split="train") if recipe.task.kind != "none" else []
-        problems.append(found[0] if found else prompts.Prompt(index, [], row.get("answer")))
+    for row, index in zip(rows, indices):
+        problems.append(by_index.get(index) or prompts.Prompt(index, [], row.get("answer")))
         refs.append({"ids": torch.tensor([row["input_ids"]], device=device), "prompt_len": int(row["prompt_len"]),
                      "loss": torch.tensor(row["token_loss"], dtype=torch.float32, device=device),
                      "entropy": torch.tensor(row["token_entropy"], dtype=torch.float32, device=device),
