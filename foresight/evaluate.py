@@ -53,7 +53,7 @@ from foresight.references import make_batch, reference_traces, stack_padded, tra
 from foresight.report import results_table
 from foresight.rollout import rollout
 from foresight.selection import top_indices, topk_overlap
-from foresight.trace_references import validation_references
+from foresight.trace_references import check_references_unseen, validation_references
 from foresight.trace_metrics import TraceMetrics
 from foresight.validation import parse_budgets
 
@@ -182,6 +182,7 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
         log(f"[eval] {len(problems)} held-out problems; reference full-cache traces ...")
         refs = reference_traces(recipe, model, tok, problems, device, use_cache=eval_cfg.cache_references, log=log,
                                 progress=progress)
+    seen_prompts = check_references_unseen(refs, scorers, log)
     bs = eval_cfg.batch_size
     batchings = {flag: [make_batch(refs, b, tok.pad_token_id) for b in trace_batches(refs, bs, flag)]
                  for flag in (False, True)}
@@ -237,7 +238,8 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
             sum(bool(r["correct"]) for r in refs) / len(refs),
             "mean_trace_length": sum(r["ids"].shape[1] for r in refs) / len(refs),
             "mean_prompt_length": sum(r["prompt_len"] for r in refs) / len(refs),
-            "references": f"validation traces of {eval_cfg.traces}" if eval_cfg.traces else "held-out"}
+            "references": f"validation traces of {eval_cfg.traces}" if eval_cfg.traces else "held-out",
+            "references_with_a_training_prompt": seen_prompts}
     atomic.write_json(out / "meta.json", meta, indent=1)  # with the rows finished so far, a stopped run can be reported
     for m, B, L in jobs:
         bar.set_postfix(method=m.name, budget=f"{B}:{L}")

@@ -57,7 +57,7 @@ from foresight.config import EvictionSettings, parse_budgets
 from foresight.grpo_objective import group_advantage, step_objective, trajectory_reward
 from foresight.grpo_rollout import group_rollout
 from foresight.grpo_validation import change_since_start, first_scored_token, scalars, validate
-from foresight.trace_data import load_traces
+from foresight.trace_data import load_traces, training_fingerprints
 from foresight.training import check_traces_model, finish_run, full_state_dict, optimizer_step, progress_bar, \
     resumed_extra, run_identity, save_progress, save_snapshot, setup_training, split_traces, summary_writer, train_plan
 
@@ -109,7 +109,8 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
                       identity=run_identity(recipe, ("model", "cache", "grpo"), ds, init=init_cfg.get("created")))
     opt, sched, ckpt, start, engine = setup_training(bank, plan, out, resume, rank, deepspeed_config, "GRPO", log)
     writer = summary_writer(out, rank)
-    provenance = {"training_data": str(traces_dir), "init": str(init), "recipe": recipe.to_dict()}
+    provenance = {"training_data": str(traces_dir), "init": str(init),
+                  "training_traces": training_fingerprints(ds, train_idx, init_cfg), "recipe": recipe.to_dict()}
     resumed = resumed_extra(ckpt) if start else {}  # a resumed run keeps what it measured before
     first_val = validate(model, bank, ds, val_idx, settings, grpo_cfg) if (val_idx and start == 0) else \
         resumed.get("first_val")

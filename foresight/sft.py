@@ -28,13 +28,14 @@ from pathlib import Path
 import torch
 
 from foresight import distributed
-from foresight.checkpoint import load_scorer
+from foresight.checkpoint import load_scorer, read_config
 from foresight.config import parse_budgets
 from foresight.golden_store import GoldenStore, golden_examples
 from foresight.locks import locks_output
 from foresight.report import bootstrap_ci
 from foresight.selection import top_indices, topk_overlap
 from foresight.scorer import ScorerBank, bank_for_model
+from foresight.trace_data import training_fingerprints
 from foresight.training import finish_run, full_state_dict, load_stage_inputs, optimizer_step, progress_bar, \
     resumed_extra, run_identity, save_progress, save_snapshot, setup_training, summary_writer, train_plan
 
@@ -219,7 +220,9 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
         return [(s.interval, golden_states(i, k) + (extra if k == 0 else [])) for k, s in enumerate(settings)]
 
     writer = summary_writer(out, rank)
-    provenance = {"training_data": str(traces_dir), "recipe": recipe.to_dict()}
+    init_cfg = read_config(Path(cfg.init or cfg.onpolicy)) if init is not None else None
+    provenance = {"training_data": str(traces_dir), "training_traces": training_fingerprints(ds, train_idx, init_cfg),
+                  "recipe": recipe.to_dict()}
     bar = progress_bar(start, cfg.steps, "sft", progress, rank)
     t0 = time.time()
     last = resumed_extra(ckpt).get("last", {}) if start else {}  # a resumed run reports its latest metrics

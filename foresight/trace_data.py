@@ -7,6 +7,7 @@ is 0), ``prompt_index``, ``num_new_tokens``, ``text`` (the decoded solution).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -86,3 +87,21 @@ def load_traces(path: str | Path, limit: int | None = None):
             raise TraceDataError(f"trace {i} of {p} is malformed: input_ids, token_loss and token_entropy must have "
                                  f"equal lengths and 0 < prompt_len < length")
     return ds
+
+
+def fingerprint(ids) -> str:
+    """A short content hash of a token sequence (a list of ints or an integer tensor): the same tokens give the same
+    string on every machine, whatever folder the trace was read from."""
+    return hashlib.blake2b(",".join(str(int(t)) for t in ids).encode(), digest_size=8).hexdigest()
+
+
+def training_fingerprints(ds, indices, init: dict | None = None) -> dict:
+    """What a scorer checkpoint records of the traces it was trained on: the fingerprints of the rows ``indices`` of
+    ``ds`` (``traces``) and of their prompts (``prompts``), united with those its initialisation's config records
+    (``init``: a GRPO run's SFT scorer), so an evaluation can tell whether its references were among them."""
+    rows = ds.select(indices) if len(indices) else []
+    traces = {fingerprint(r["input_ids"]) for r in rows}
+    prompts = {fingerprint(r["input_ids"][:r["prompt_len"]]) for r in rows}
+    seen = (init or {}).get("training_traces") or {}
+    return {"traces": sorted(traces | set(seen.get("traces", []))),
+            "prompts": sorted(prompts | set(seen.get("prompts", [])))}

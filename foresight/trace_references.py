@@ -4,7 +4,9 @@ Evaluation settings (a sampler's temperature, a budget's interval) chosen on the
 set. A traces folder's validation split (its last ``sft.val_traces`` traces, the ones SFT held out: at most a quarter,
 as in training) are full-cache traces the scorers were not trained on, with their per-token loss and entropy already
 stored: they are teacher-forced exactly like generated references, and nothing is generated. A scorer trained on the
-same folder with fewer validation traces would be evaluated on its own training traces: that is refused.
+same folder with fewer validation traces would be evaluated on its own training traces: that is refused — by content
+when the scorer's checkpoint records the fingerprints of its training traces (:func:`check_references_unseen`, for
+held-out references too), else by the folder's path.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 
 from foresight import prompts
 from foresight.checkpoint import read_config
-from foresight.trace_data import load_traces
+from foresight.trace_data import fingerprint, load_traces
 from foresight.training import check_traces_model, split_traces
 
 
@@ -27,10 +29,11 @@ def _same_folder(a, b) -> bool:
 
 
 def check_scorers_unseen(traces_dir: Path, held_out: int, scorers) -> None:
-    """Refuse a scorer trained on ``traces_dir`` that held out fewer than its last ``held_out`` traces."""
+    """Refuse a scorer trained on ``traces_dir`` that held out fewer than its last ``held_out`` traces (scorers from
+    before checkpoints recorded their traces' fingerprints; the others are checked by content)."""
     for d in scorers:
         cfg = read_config(d)
-        if not _same_folder(cfg.get("training_data", ""), traces_dir):
+        if cfg.get("training_traces") or not _same_folder(cfg.get("training_data", ""), traces_dir):
             continue
         metrics = cfg.get("metrics") or {}
         stage = cfg.get("stage", "sft")
@@ -40,6 +43,31 @@ def check_scorers_unseen(traces_dir: Path, held_out: int, scorers) -> None:
             raise ValueError(f"the scorer {d} was trained on {traces_dir} holding out only its last {kept_out} traces: "
                              f"evaluating on the last {held_out} would include its training traces (set "
                              f"sft.val_traces <= {kept_out}, or eval.num_problems <= {kept_out})")
+
+
+def check_references_unseen(refs: list[dict], scorers, log=print) -> dict[str, int]:
+    """Refuse a scorer whose checkpoint records one of ``refs`` (by the fingerprint of its tokens) among its training
+    traces; returns, per scorer that records them, how many references have a prompt it was trained on (logged when
+    any: another sample of a training prompt is not a held-out problem)."""
+    shared = {}
+    if not scorers:
+        return shared
+    ref_prints = [(fingerprint(r["ids"][0].tolist()), fingerprint(r["ids"][0, :r["prompt_len"]].tolist())) for r in refs]
+    for d in scorers:
+        seen = read_config(d).get("training_traces")
+        if not seen:
+            continue
+        traces, prompts_seen = set(seen.get("traces", [])), set(seen.get("prompts", []))
+        trained_on = [i for i, (t, _) in enumerate(ref_prints) if t in traces]
+        if trained_on:
+            raise ValueError(f"the scorer {d} was trained on {len(trained_on)} of the {len(refs)} evaluation traces "
+                             f"(references {trained_on[:8]}{' ...' if len(trained_on) > 8 else ''}): evaluate it on "
+                             "traces it did not see (another traces folder or split, or the held-out references)")
+        shared[str(d)] = sum(p in prompts_seen for _, p in ref_prints)
+        if shared[str(d)]:
+            log(f"[eval] note: {shared[str(d)]} of the {len(refs)} references have a prompt the scorer {d} was "
+                "trained on (other samples of it)")
+    return shared
 
 
 def validation_references(recipe, traces_dir, model, device, scorers=()) -> tuple[list, list[dict]]:

@@ -1,4 +1,5 @@
 import json
+import shutil
 import math
 
 import pytest
@@ -310,9 +311,33 @@ def test_eval_on_validation_traces_uses_the_held_out_split_and_refuses_a_scorer_
     assert cli_main(argv) == 2  # a missing traces folder: a one-line error
     wider = load_recipe("recipes/tiny-qwen3.yaml", [*sets, "sft.val_traces=1"])
     train_sft(wider, tmp_path / "tr", tmp_path / "sft1", progress=False, log=lambda *_: None)
-    with pytest.raises(ValueError, match="include its training traces"):
+    with pytest.raises(ValueError, match="trained on 1 of the 2 evaluation traces"):
         run_eval(v, tmp_path / "ev1", methods="full", budgets="12:4", scorers=[tmp_path / "sft1"], progress=False,
                  log=lambda *_: None)
+    # by content: a copy of the folder elsewhere is the same traces
+    shutil.copytree(tmp_path / "tr", tmp_path / "copy", symlinks=True)
+    moved = load_recipe("recipes/tiny-qwen3.yaml", [*sets, f"eval.traces={tmp_path / 'copy'}"])
+    with pytest.raises(ValueError, match="trained on 1 of the 2 evaluation traces"):
+        run_eval(moved, tmp_path / "ev2", methods="full", budgets="12:4", scorers=[tmp_path / "sft1"], progress=False,
+                 log=lambda *_: None)
+    # a checkpoint from before fingerprints were recorded: checked by the folder's path
+    shutil.copytree(tmp_path / "sft1", tmp_path / "old")
+    cfg = json.loads((tmp_path / "old" / "config.json").read_text())
+    assert len(cfg.pop("training_traces")["traces"]) == 7
+    (tmp_path / "old" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="include its training traces"):
+        run_eval(v, tmp_path / "ev3", methods="full", budgets="12:4", scorers=[tmp_path / "old"], progress=False,
+                 log=lambda *_: None)
+    # other samples of the scorer's training prompts are evaluated, and counted
+    resampled = load_recipe("recipes/tiny-qwen3.yaml", [*sets, "traces.do_sample=true",
+                                                        f"eval.traces={tmp_path / 'tr5'}"])
+    traces.make_traces(resampled, tmp_path / "tr5", progress=False, log=lambda *_: None)
+    notes = []
+    run_eval(resampled, tmp_path / "ev5", methods="full", budgets="12:4", scorers=[tmp_path / "sft1"], progress=False,
+             log=notes.append)
+    meta = json.loads((tmp_path / "ev5" / "meta.json").read_text())
+    assert meta["references_with_a_training_prompt"] == {str(tmp_path / "sft1"): 1}  # trace 6's prompt; 7 held out
+    assert any("have a prompt the scorer" in n for n in notes)
     empty = load_recipe("recipes/tiny-qwen3.yaml", [*sets, "sft.val_traces=0", f"eval.traces={tmp_path / 'tr'}"])
     with pytest.raises(ValueError, match="no validation traces"):
         run_eval(empty, tmp_path / "ev0", methods="full", budgets="12:4", progress=False, log=lambda *_: None)

@@ -94,6 +94,13 @@ def test_grpo_runs_checkpoints_and_resumes(tiny_model_dir, tmp_path):
     cfg = json.loads((tmp_path / "grpo" / "config.json").read_text())
     assert cfg["stage"] == "grpo" and "val_loss_ratio" in cfg["metrics"] and "sft_val_loss_ratio" in cfg["metrics"]
     assert any((tmp_path / "grpo" / "tb").iterdir())
+    # the traces it was trained on, by content: its own training split's and its SFT start's
+    from foresight.trace_data import fingerprint, load_traces
+
+    ds = load_traces(tdir)
+    sft_seen = json.loads((tmp_path / "sft" / "config.json").read_text())["training_traces"]["traces"]
+    own = {fingerprint(ds[i]["input_ids"]) for i in range(len(ds) - metrics["val_traces"])}
+    assert set(cfg["training_traces"]["traces"]) == own | set(sft_seen) and len(sft_seen) >= 1
     # the held-out curve: a point with its bootstrap interval at every checkpoint (steps 2 and 3), none between
     hist = metrics["history"]
     assert [i + 1 for i, h in enumerate(hist) if "val_reward" in h] == [2, 3]

@@ -78,3 +78,24 @@ def test_leftovers_of_killed_runs_are_cleaned_when_a_run_takes_the_folder(tmp_pa
     with output_lock(tmp_path, "traces"):
         pass
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == ["meta.json", "parts"]
+
+
+def test_training_fingerprints_name_the_trained_traces_and_prompts_and_keep_an_initialisation_s():
+    """What a scorer checkpoint records of its training traces: a fingerprint per trace (its tokens) and per prompt
+    (its first prompt_len tokens), the same for the same tokens wherever they are read from; a run started from
+    another scorer (GRPO from SFT) keeps that scorer's too."""
+    import datasets
+    import torch
+
+    from foresight.trace_data import fingerprint, training_fingerprints
+
+    rows = {"input_ids": [[1, 2, 3, 4], [1, 2, 9, 9], [5, 6, 7, 8]], "prompt_len": [2, 2, 2]}
+    ds = datasets.Dataset.from_dict(rows)
+    assert fingerprint([1, 2, 3, 4]) == fingerprint(torch.tensor([1, 2, 3, 4])) != fingerprint([1, 2, 3, 5])
+    first = training_fingerprints(ds, [0, 1])
+    assert first["traces"] == sorted({fingerprint([1, 2, 3, 4]), fingerprint([1, 2, 9, 9])})
+    assert first["prompts"] == [fingerprint([1, 2])]  # two samples of one prompt
+    later = training_fingerprints(ds, [2], init={"training_traces": first})
+    assert set(later["traces"]) == set(first["traces"]) | {fingerprint([5, 6, 7, 8])}
+    assert set(later["prompts"]) == {fingerprint([1, 2]), fingerprint([5, 6])}
+    assert training_fingerprints(ds, []) == {"traces": [], "prompts": []}

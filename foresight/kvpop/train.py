@@ -33,6 +33,7 @@ from foresight.kvpop.scorers import scorer_for_model
 from foresight.kvpop.target import kvpop_targets
 from foresight.locks import locks_output
 from foresight.kvpop.topk import boundary_pairs, topk_recall, trace_priority
+from foresight.trace_data import training_fingerprints
 from foresight.training import finish_run, full_state_dict, load_stage_inputs, optimizer_step, progress_bar, \
     resumed_extra, run_identity, save_progress, save_snapshot, setup_training, summary_writer, train_plan
 
@@ -101,7 +102,8 @@ def train_kvpop(recipe, traces_dir, out, resume: bool = False, deepspeed_config=
     writer = summary_writer(out, rank)
     readout = "" if kvpop_cfg.scorer == "mlp" else ("-delayed" if kvpop_cfg.delayed else "-immediate")
     stage = f"kvpop-{kvpop_cfg.scorer}{readout}"
-    provenance = {"training_data": str(traces_dir), "recipe": recipe.to_dict(), "objective": "kvpop"}
+    provenance = {"training_data": str(traces_dir), "training_traces": training_fingerprints(ds, train_idx),
+                  "recipe": recipe.to_dict(), "objective": "kvpop"}
     bar = progress_bar(start, cfg.steps, f"kvpop-{kvpop_cfg.scorer}", progress, rank)
     t0 = time.time()
     last = resumed_extra(ckpt).get("last", {}) if start else {}  # a resumed run reports its latest metrics
