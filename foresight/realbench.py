@@ -38,8 +38,8 @@ STAGES = ("traces", "sft", "grpo", "kvpop", "eval", "predictability", "ablations
 # SFT variants of the paper's Table 5 and of the scorer's size and labels: (name, what it changes, overrides)
 SFT_ABLATIONS = (("attn-only", "scorer inputs: attention statistics only", ["scorer.features=[attn]"]),
                  ("kv-only", "scorer inputs: key and value only", ["scorer.features=[key,value]"]),
-                 ("width-16", "scorer width 16, the paper's (the recipe's: 64; 256 measured, README)",
-                  ["scorer.hidden=16"]),
+                 ("width-16", "scorer width 16, the paper's", ["scorer.hidden=16"]),
+                 ("width-64", "scorer width 64", ["scorer.hidden=64"]),
                  ("pool-max", "golden pooling: max over a block's queries (default mean)", ["sft.golden_pool=max"]))
 SAMPLERS = ("topk", "sample", "multinomial")  # how a trained scorer picks its L pairs at evaluation
 KVPOP_SET = ["sft.objective=kvpop", "kvpop.scorer=mlp", "sft.lr=0.003", "sft.warmup=10", "sft.steps=60", "sft.batch_traces=4"]
