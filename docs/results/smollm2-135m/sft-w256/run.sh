@@ -12,8 +12,9 @@ for S in 0 1; do
   python -m foresight eval --recipe $R --traces $RB/traces --set sft.val_traces=32 --set eval.num_problems=32 \
       --set eval.recall=false --methods full --budgets 128:32,256:32 --scorers $RB/sft-w256-s$S --out $RB/val-w256-s$S
   python -m foresight compare docs/results/smollm2-135m/sft-w64/val/val-topk.json $RB/val-w256-s$S \
-      --json $RB/val-w256-s$S/compare-w64.json
+      --json $RB/compare-w256s$S-w64.json                  # val/compare-w256-w64.json for seed 0
 done
+python -m foresight compare $RB/val-w256-s0 $RB/val-w256-s1 --json $RB/compare-w256s1-w256s0.json
 python -m foresight eval --recipe $R --set eval.num_problems=192 --set eval.recall=false --methods full \
     --budgets 128:32,256:32,512:32 --scorers $RB/sft-w256-s0 --out $RB/test-w256-topk
 D=docs/results/smollm2-135m
