@@ -99,9 +99,11 @@ class JsonHandler(BaseHTTPRequestHandler):
 
 class Relay(JsonHandler):
     """Passes every request on to the server and counts those in flight at once: the concurrency the server was sent,
-    measured outside it (what ``transformers serve`` logs per request changed in 5.25)."""
+    measured outside it (what ``transformers serve`` logs per request changed in 5.25). The first ``hold`` POSTs wait
+    (up to a minute) until all of them have arrived, so a short completion cannot finish before a slow thread's request
+    lands on a loaded 2-core machine; a client that sends fewer at once leaves ``most`` below ``hold``."""
 
-    upstream, lock, in_flight, most = "", threading.Lock(), 0, 0
+    upstream, lock, in_flight, most, hold, arrived, all_in = "", threading.Lock(), 0, 0, 0, 0, threading.Event()
 
     def do_GET(self):
         self._relay(None)
@@ -114,6 +116,11 @@ class Relay(JsonHandler):
         with cls.lock:
             cls.in_flight += 1
             cls.most = max(cls.most, cls.in_flight)
+            cls.arrived += body is not None
+            if cls.arrived >= cls.hold:
+                cls.all_in.set()
+        if body is not None:
+            cls.all_in.wait(timeout=60)
         req = urllib.request.Request(cls.upstream + self.path, data=body, method=self.command,
                                      headers={"Content-Type": "application/json"})
         try:
@@ -129,7 +136,8 @@ class Relay(JsonHandler):
 
 @pytest.fixture
 def relay(server):
-    Relay.upstream, Relay.in_flight, Relay.most = server.url.removesuffix("/v1"), 0, 0
+    Relay.upstream, Relay.in_flight, Relay.most, Relay.hold, Relay.arrived = server.url.removesuffix("/v1"), 0, 0, 8, 0
+    Relay.all_in = threading.Event()
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Relay)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     yield Relay, f"http://127.0.0.1:{httpd.server_address[1]}/v1"
