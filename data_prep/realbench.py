@@ -116,7 +116,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("data_prep/prompts/realbench.jsonl"))
     ap.add_argument("--train", type=int, default=264)
-    ap.add_argument("--heldout", type=int, default=192)
+    ap.add_argument("--heldout", type=int, default=384)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     rows = make_prompts(a.train, a.heldout, a.seed)

@@ -14,10 +14,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_prompts_are_distinct_and_the_splits_share_nothing():
-    rows = rb_prompts.make_prompts(264, 192)
+    rows = rb_prompts.make_prompts(264, 384)
     texts = [r["prompt"] for r in rows]
-    assert len(set(texts)) == len(texts) == 456
-    assert [r["split"] for r in rows] == ["train"] * 264 + ["heldout"] * 192  # training rows first
+    assert len(set(texts)) == len(texts) == 648
+    assert [r["split"] for r in rows] == ["train"] * 264 + ["heldout"] * 384  # training rows first
     assert {r["kind"] for r in rows[:264]} == {r["kind"] for r in rows[264:]} == {"math", "writing"}
     train = " ".join(t for t, r in zip(texts, rows) if r["split"] == "train")
     held = " ".join(t for t, r in zip(texts, rows) if r["split"] == "heldout")
@@ -32,10 +32,11 @@ def test_prompts_are_distinct_and_the_splits_share_nothing():
 
 
 def test_more_heldout_rows_keep_the_earlier_ones():
-    """Growing the held-out split (64 -> 192 rows) appends prompts: the training rows and the first held-out rows stay
-    as they were, so cached reference traces and earlier reports (their first 48 held-out rows) remain valid."""
-    small, large = rb_prompts.make_prompts(264, 64), rb_prompts.make_prompts(264, 192)
-    assert large[:328] == small
+    """Growing the held-out split (64 -> 192 -> 384 rows) appends prompts: the training rows and the first held-out rows
+    stay as they were, so cached reference traces and earlier reports (their first 48 or 192 held-out rows) remain
+    valid."""
+    small, mid, large = (rb_prompts.make_prompts(264, n) for n in (64, 192, 384))
+    assert mid[:328] == small and large[:456] == mid
     assert rb_prompts.make_prompts(10, 5)[:10] == rb_prompts.make_prompts(10, 50)[:10]
 
 
