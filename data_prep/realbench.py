@@ -5,7 +5,7 @@ Each split draws from its own pools (people's names, items, writing subjects and
 seeded shuffle before any prompt is made), so no held-out prompt shares a name, an item or a subject with a
 training prompt; the numbers come from a generator seeded per split. The file lists the training rows first and
 the held-out rows after them, which is how the recipe reads it: ``traces.num_prompts`` training rows, then
-``eval.num_problems`` held-out rows. The shipped file holds 192 held-out rows (the recipe evaluates on the first 48;
+``eval.num_problems`` held-out rows. The shipped file holds 384 held-out rows (the recipe evaluates on the first 48;
 ``--set eval.num_problems=192`` separates methods whose 48-trace intervals touch); a generator seeded per split makes
 every row independent of how many follow, so a larger held-out split keeps the earlier rows and their cached
 references.

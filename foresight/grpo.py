@@ -44,6 +44,7 @@ from __future__ import annotations
 import copy
 import random
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -166,7 +167,9 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
             loss = torch.stack(losses).mean()
             optimizer_step(loss, bank, opt, engine, plan.grad_clip)
             stats = {"loss": loss.item(), "kl": sum(kls) / len(kls), "clip_frac": sum(clips) / len(clips)}
-        sched.step()
+        with warnings.catch_warnings():  # a skipped step still advances the schedule (it counts as a step), and torch
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")  # warns at step 0
+            sched.step()
         rewards = torch.cat([x[1] for x in groups])
         stats.update({"reward_mean": rewards.mean().item(), "reward_std": rewards.std().item() if len(rewards) > 1 else 0.0,
                       "adv_abs": torch.cat([x[2] for x in groups]).abs().mean().item(), "lr": opt.param_groups[0]["lr"],

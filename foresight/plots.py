@@ -45,13 +45,13 @@ def _panel(ax, series: dict, metric: str, meta: dict | None) -> None:
                 ax.axhline(v, **{k: x for k, x in method_style("full").items() if k not in ("marker", "markersize")})
                 ax.annotate(f"full cache {v:.2f}" if metric == "accuracy" else "full cache", (0.0, v),
                             xycoords=("axes fraction", "data"), xytext=(3, 3), textcoords="offset points",
-                            ha="left", va="bottom", fontsize=7)
+                            ha="left", va="bottom", fontsize=7, annotation_clip=True)
             continue
         drawn[label] = pts
     values = [r[metric] for pts in drawn.values() for r in pts]
     scale = "linear" if metric == "accuracy" else choose_scale(values + ([1.0] if metric == "loss_ratio" else []))
     ax.set_yscale(scale)
-    pos = [v for v in values if v > 0]
+    pos = [v for v in values + ([1.0] if metric == "loss_ratio" else []) if v > 0]  # the full cache's 1 stays in view
     floor = 10 ** math.floor(math.log10(min(pos))) if scale == "log" and pos else None
     clipped = floor is not None and any(v <= 0 for v in values)
     if clipped:

@@ -101,6 +101,16 @@ def test_negative_loss_increase_is_drawn_at_the_floor_of_a_log_axis():
     assert ax.get_yscale() == "log" and "drawn at the floor" in ax.get_ylabel()
 
 
+def test_the_full_cache_line_stays_in_view_when_every_loss_ratio_is_far_above_it(recwarn):
+    rows = [r | {"loss_ratio": 1.0 if r["method"] == "full" else 900.0 + r["budget"]}
+            for r in fake_rows(budgets=((32, 8),), methods=["full", "streamingllm"])]
+    fig = plots.metric_figure(rows, ["loss_ratio"], META)
+    ax = fig.axes[0]
+    assert ax.get_yscale() == "log" and ax.get_ylim()[0] < 1.0 < ax.get_ylim()[1]  # the line at 1 is drawn
+    fig.canvas.draw()
+    assert not [w for w in recwarn if "layout not applied" in str(w.message)]  # the title has its room
+
+
 def test_budget_curves_writes_the_figures_and_reads_meta(tmp_path):
     rows = fake_rows()
     (tmp_path / "meta.json").write_text(json.dumps(META))
