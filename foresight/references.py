@@ -2,7 +2,10 @@
 batches.
 
 Generated in batches (left-padded, ``traces.batch_size`` prompts at a time; sampled rows are seeded per prompt, so a
-row does not depend on the batch it ran in), then scored by one batched full-cache pass (right-padded: every row
+row's random draws do not depend on the batch it ran in, though its logits do in the last bits — padding and batched
+matrix products — and in bfloat16 a sampled row can take another token somewhere and diverge (138 of 192 SmolLM2
+references changed when generated again in batches of 96 rather than the earlier batches). Compare methods on one
+evaluation's references, which the cache keeps), then scored by one batched full-cache pass (right-padded: every row
 sees exactly its own tokens). Each reference is cached on disk under ``$FORESIGHT_CACHE/references`` (default
 ``~/.cache/foresight``), keyed by the model's files, the recipe fields that shape a trace and the prompt, so a
 second evaluation of the same held-out set reuses it. Teacher-forced batches (:func:`trace_batches`) group traces of
