@@ -49,9 +49,10 @@ def _panel(ax, series: dict, metric: str, meta: dict | None) -> None:
             continue
         drawn[label] = pts
     values = [r[metric] for pts in drawn.values() for r in pts]
-    scale = "linear" if metric == "accuracy" else choose_scale(values + ([1.0] if metric == "loss_ratio" else []))
+    shown = values + ([1.0] if metric == "loss_ratio" else [])  # the full cache's ratio of 1 stays in view
+    scale = "linear" if metric == "accuracy" else choose_scale(shown)
     ax.set_yscale(scale)
-    pos = [v for v in values + ([1.0] if metric == "loss_ratio" else []) if v > 0]  # the full cache's 1 stays in view
+    pos = [v for v in shown if v > 0]
     floor = 10 ** math.floor(math.log10(min(pos))) if scale == "log" and pos else None
     clipped = floor is not None and any(v <= 0 for v in values)
     if clipped:
