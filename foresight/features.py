@@ -17,6 +17,11 @@ the cache keeps these statistics (all from post-softmax attention probabilities,
 ``decay``   decayed running sum, updated once per block: ``decay ← 0.9 · decay + sum`` at each eviction
 ==========  =================================================================================================
 
+A scorer may also read ``age`` (the scorer input ``age``, not an attention statistic): ``log(1 + a)`` for a key written
+``a`` tokens before the newest fed token. The key after RoPE does not tell its age (its rotation is by absolute position
+and the scorer does not see the current one), so without it a scorer cannot tell an old key whose running sums grew
+with time from a young one that is attended now — what KVpop's per-head temporal decay adds to its scores.
+
 Also for policies, not scorer features: ``w1`` (the newest query alone, TOVA's) and ``pivot32`` (Scissorhands' count
 of the last 32 queries for which a key got at least the uniform share 1/visible). How they are accumulated, and only
 as far as a policy reads them (``Policy.reads``): :mod:`foresight.statistics`.
@@ -36,8 +41,11 @@ DECAY = 0.9
 ALL_LAYERS_MAX_VALUES = 1 << 19
 
 
+SCORER_INPUTS = ("key", "value", "attn", "age")  # the input groups a scorer may read, in its input vector's order
+
+
 def feature_dim(head_dim: int, group: int, features=("key", "value", "attn")) -> int:
-    """Input width of a scorer: [key; value; 8 statistics × G query heads]."""
+    """Input width of a scorer: [key; value; 8 statistics × G query heads; age]."""
     d = 0
     if "key" in features:
         d += head_dim
@@ -45,7 +53,20 @@ def feature_dim(head_dim: int, group: int, features=("key", "value", "attn")) ->
         d += head_dim
     if "attn" in features:
         d += len(STAT_NAMES) * group
+    if "age" in features:
+        d += 1
     return d
+
+
+def age_feature(age: torch.Tensor) -> torch.Tensor:
+    """The ``age`` input: ages in tokens ``[..., n]`` (the newest fed token has age 0) -> ``log(1 + age)`` ``[..., n, 1]``,
+    fp32 (negative ages, of padding slots, count as 0)."""
+    return torch.log1p(age.float().clamp(min=0)).unsqueeze(-1)
+
+
+def token_age(token: torch.Tensor, seen: int) -> torch.Tensor:
+    """Ages ``[..., n]`` of the slots holding token indices ``token`` when ``seen`` tokens have been fed."""
+    return seen - 1 - token
 
 
 def stat_vector(stats) -> torch.Tensor:

@@ -5,7 +5,8 @@ them between training runs (``sft.example_steps > 0``).
 Along the golden trajectory, the cache's contents and statistics do not depend on the scorer being trained, so every
 SFT run on the same traces, eviction settings and golden pooling sees the same examples; only the scorer's inputs
 (key, value, attention statistics) select different columns of them. The store keeps ``example_steps`` eviction
-steps per trace (drawn once per trace, seeded by its tokens), inputs in float16, one file per trace named by a hash of
+steps per trace (drawn once per trace, seeded by its tokens), inputs in float16 and the slots' ages in tokens (for a
+scorer that reads ``age``), one file per trace named by a hash of
 its tokens, under ``$FORESIGHT_CACHE/golden/<key>/`` (default ``~/.cache/foresight``; the key: the model, the
 settings, the pooling, the steps per trace and the seed), written atomically, so a killed run keeps what it
 computed and a second SFT run (an ablation, a resumed run, the same traces merged again) computes nothing.
@@ -30,7 +31,7 @@ import torch
 
 from foresight import atomic
 from foresight.config import EvictionSettings
-from foresight.features import STAT_NAMES
+from foresight.features import STAT_NAMES, age_feature, token_age
 from foresight.golden import GoldenPolicy, block_pooled_attention, eviction_steps, rows_per_pass
 from foresight.prompts import pad_rows
 from foresight.references import stack_padded
@@ -60,7 +61,8 @@ def golden_examples(model, input_ids: torch.Tensor, bank: ScorerBank, settings: 
 
 
 def feature_columns(features, head_dim: int, group: int) -> list[int]:
-    """The columns of the stored [key; value; statistics] inputs that a scorer with ``features`` reads, in its order."""
+    """The columns of the stored [key; value; statistics] inputs that a scorer with ``features`` reads, in its order
+    (its ``age`` column, last, comes from the stored ages)."""
     spans = {"key": range(0, head_dim), "value": range(head_dim, 2 * head_dim),
              "attn": range(2 * head_dim, 2 * head_dim + len(STAT_NAMES) * group)}
     return [c for f in ALL_FEATURES if f in features for c in spans[f]]
@@ -83,7 +85,7 @@ class GoldenStore:
         blob = {"model": [str(getattr(self.model.config, "_name_or_path", "")), str(p.dtype),
                           sum(x.numel() for x in self.model.parameters())],
                 "settings": dataclasses.astuple(self.settings.replace(selection="topk")),
-                "pool": self.pool, "steps": self.steps, "seed": self.seed}
+                "pool": self.pool, "steps": self.steps, "seed": self.seed, "layout": 2}  # 2: with the slots' ages
         if self.behaviour is not None:  # its states depend on its weights: they are part of the key
             digest = hashlib.sha256()
             for name, t in sorted(self.behaviour.state_dict().items()):
@@ -106,8 +108,9 @@ class GoldenStore:
         return sorted(rng.sample(range(n_steps), min(self.steps, n_steps)))
 
     def save(self, row: dict, steps: list[int], items: list) -> dict:
-        data = {"x": torch.stack([x for x, _, _ in items]).half(), "future": torch.stack([f for _, f, _ in items]),
-                "cand": torch.stack([c for _, _, c in items]), "steps": steps}
+        data = {"x": torch.stack([x for x, _, _, _ in items]).half(), "future": torch.stack([f for _, f, _, _ in items]),
+                "cand": torch.stack([c for _, _, c, _ in items]), "age": torch.stack([a for _, _, _, a in items]),
+                "steps": steps}
         self.folder.mkdir(parents=True, exist_ok=True)
         atomic.torch_save(data, self.path(row))
         return data
@@ -157,8 +160,10 @@ class GoldenStore:
             if need:
                 v = st["view"]
                 x, f = self.full.inputs(v), golden.future_scores(v)  # golden's labels on whichever state
+                age = token_age(v.token, v.seen).to(torch.int32)
                 for r in need:
-                    items[r].append((x[:, r:r + 1].half(), f[:, r:r + 1], st["evictable"][:, r:r + 1]))
+                    items[r].append((x[:, r:r + 1].half(), f[:, r:r + 1], st["evictable"][:, r:r + 1],
+                                     age[:, r:r + 1]))
 
         rollout(self.model, ids, policy, settings, prompt_len=rows[0]["prompt_len"], attention_mask=mask, recorder=rec)
         return [self.save(row, p, it) for row, p, it in zip(rows, picks, items)]
@@ -174,4 +179,6 @@ class GoldenStore:
         c = self.full
         cols = feature_columns(bank.features, c.head_dim, c.group)
         x = data["x"][..., cols].float()
+        if "age" in bank.features:
+            x = torch.cat([x, age_feature(data["age"])], dim=-1)
         return [(x[k], data["future"][k], data["cand"][k]) for k in range(x.shape[0])]

@@ -2,7 +2,8 @@
 evicts by it.
 
 Input per candidate (detached from the LLM): ``[key; value; attention statistics]`` — the key after the k-norm
-and RoPE, the value, and the 8 statistics of :mod:`foresight.features` for each query head of the group.
+and RoPE, the value, and the 8 statistics of :mod:`foresight.features` for each query head of the group — and, for a
+scorer built with ``features`` holding ``"age"``, ``log(1 + age)`` of the key (:func:`foresight.features.age_feature`).
 Normalisation (the released code creates a LayerNorm and never uses it): statistics are compressed with
 ``log(x + 1e-6)`` (they are probabilities spanning orders of magnitude), then the whole input vector goes
 through a LayerNorm with a learnable affine per (layer, KV head). Output: an eviction score per candidate
@@ -18,7 +19,7 @@ import torch
 from torch import nn
 
 from foresight import features
-from foresight.features import STAT_NAMES, feature_dim, stat_vector
+from foresight.features import SCORER_INPUTS, STAT_NAMES, age_feature, feature_dim, stat_vector, token_age
 from foresight.models import describe
 from foresight.policies.base import Policy
 
@@ -39,9 +40,11 @@ class ScorerBank(nn.Module):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation {activation!r}; known: {', '.join(ACTIVATIONS)}")
-        bad = set(features) - {"key", "value", "attn"}
+        bad = set(features) - set(SCORER_INPUTS)
         if bad:
-            raise ValueError(f"unknown scorer features {sorted(bad)}; known: key, value, attn")
+            raise ValueError(f"unknown scorer features {sorted(bad)}; known: {', '.join(SCORER_INPUTS)}")
+        if not set(features) - {"age"}:
+            raise ValueError(f"scorer features {list(features)} read no key, value or attention statistic")
         self.num_layers, self.kv_heads, self.head_dim, self.group = num_layers, kv_heads, head_dim, group
         self.hidden, self.activation, self.features = hidden, activation, tuple(features)
         d_in = feature_dim(head_dim, group, self.features)
@@ -55,12 +58,16 @@ class ScorerBank(nn.Module):
 
     def inputs(self, view) -> torch.Tensor:
         """Detached fp32 scorer inputs [nl, b, h, n, D_in] from an :class:`~foresight.view.EvictionView`."""
-        return self.assemble(view.keys, view.values, view.stats)
+        return self.assemble(view.keys, view.values, view.stats, self.ages(view))
 
-    def assemble(self, keys: torch.Tensor, values: torch.Tensor, stats) -> torch.Tensor:
-        """Detached fp32 scorer inputs [..., n, D_in] from keys and values [..., n, d] and the statistics
-        ``{name: [..., g, n]}`` (read only when the scorer uses attention): the one place they are put together, for
-        training, the cache and the kvpress adapter alike."""
+    def ages(self, view) -> torch.Tensor | None:
+        """The view's slot ages [nl, b, h, n] when this scorer reads them (else None)."""
+        return token_age(view.token, view.seen) if "age" in self.features else None
+
+    def assemble(self, keys: torch.Tensor, values: torch.Tensor, stats, age: torch.Tensor | None = None) -> torch.Tensor:
+        """Detached fp32 scorer inputs [..., n, D_in] from keys and values [..., n, d], the statistics
+        ``{name: [..., g, n]}`` (read only when the scorer uses attention) and the ages in tokens ``[..., n]`` (read only
+        when it uses age): the one place they are put together, for training, the cache and the kvpress adapter alike."""
         parts = []
         if "key" in self.features:
             parts.append(keys.detach().float())
@@ -68,6 +75,10 @@ class ScorerBank(nn.Module):
             parts.append(values.detach().float())
         if "attn" in self.features:
             parts.append(torch.log(stat_vector(stats).detach().float() + 1e-6))
+        if "age" in self.features:
+            if age is None:
+                raise ValueError("this scorer reads the keys' age (scorer.features holds 'age') but none was given")
+            parts.append(age_feature(age.detach()).to(parts[0].device))
         return torch.cat(parts, dim=-1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -98,7 +109,8 @@ class ScorerBank(nn.Module):
         return {"num_layers": self.num_layers, "num_key_value_heads": self.kv_heads, "head_dim": self.head_dim,
                 "group": self.group, "hidden": self.hidden, "activation": self.activation,
                 "features": list(self.features), "stats": list(STAT_NAMES), "d_in": self.d_in,
-                "normalisation": "log(stats+1e-6), layernorm + affine per (layer, kv head)"}
+                "normalisation": "log(stats+1e-6), " + ("log1p(age), " if "age" in self.features else "")
+                                 + "layernorm + affine per (layer, kv head)"}
 
 
 class LearnedPolicy(Policy):
@@ -122,11 +134,12 @@ class LearnedPolicy(Policy):
         if step >= nl:
             return self.bank(self.bank.inputs(view).to(p.device)).to(view.keys.device)
         attn = "attn" in self.bank.features
+        age = self.bank.ages(view)
         out = view.keys.new_empty((nl, b, h, n), dtype=torch.float32)
         for lo in range(0, nl, step):
             sl = slice(lo, lo + step)
             stats = {k: view.stats[k][sl] for k in STAT_NAMES} if attn else {}
-            x = self.bank.assemble(view.keys[sl], view.values[sl], stats)
+            x = self.bank.assemble(view.keys[sl], view.values[sl], stats, None if age is None else age[sl])
             out[sl] = self.bank.forward_layers(sl, x.to(p.device)).to(out.device)
         return out
 

@@ -33,6 +33,15 @@ def subset_of(*choices):
     return lambda v: None if v and set(v) <= set(choices) else f"must be a non-empty list of {', '.join(choices)}"
 
 
+def scorer_inputs(v):
+    """scorer.features: a non-empty list of input groups, at least one of them read from the cache's pairs (age alone
+    ranks every head's pairs the same way)."""
+    bad = subset_of("key", "value", "attn", "age")(v)
+    if bad:
+        return bad
+    return None if set(v) - {"age"} else "must hold key, value or attn besides age"
+
+
 def device(v):
     return None if re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", v) else "must be auto, cpu, mps, cuda or cuda:N"
 
@@ -84,7 +93,7 @@ RULES = {
     "traces.max_retries": at_least(0),
     "cache.temperature": above(0),
     "scorer.hidden": at_least(1), "scorer.activation": one_of("gelu", "relu", "silu", "tanh"),
-    "scorer.features": subset_of("key", "value", "attn"),
+    "scorer.features": scorer_inputs,
     "sft.steps": at_least(1), "sft.batch_traces": at_least(1), "sft.lr": above(0), "sft.warmup": at_least(0),
     "sft.schedule": one_of("cosine", "constant"), "sft.margin": at_least(0), "sft.pairs": one_of("all", "sampled", "boundary"),
     "sft.sampled_pairs": at_least(1), "sft.val_traces": at_least(0),

@@ -10,16 +10,17 @@ from foresight.models import describe
 from foresight.scorer import LearnedPolicy, bank_for_model
 
 
-def checkpoint(model, path):
-    bank = bank_for_model(model, seed=3)
+def checkpoint(model, path, features=("key", "value", "attn")):
+    bank = bank_for_model(model, seed=3, features=features)
     save_scorer(bank, path, describe(model), budget=16, interval=4, sinks=0, stage="sft")
     return bank
 
 
-@pytest.mark.parametrize("make", [tiny_qwen3, tiny_llama])
-def test_from_pretrained_cache_works_in_plain_generate(make, tmp_path):
+@pytest.mark.parametrize("make,features", [(tiny_qwen3, ("key", "value", "attn")), (tiny_llama, ("key", "value", "attn")),
+                                           (tiny_qwen3, ("key", "value", "attn", "age"))])
+def test_from_pretrained_cache_works_in_plain_generate(make, features, tmp_path):
     model = make()
-    bank = checkpoint(model, tmp_path / "ck")
+    bank = checkpoint(model, tmp_path / "ck", features)
     ids = torch.randint(8, 170, (1, 10))
     cache = ForesightCache.from_pretrained(tmp_path / "ck", model)
     out = model.generate(ids, cache=cache, max_new_tokens=40, do_sample=False)

@@ -1,6 +1,8 @@
 """The scorer bank's arithmetic: the fast path (a batched product written out instead of an einsum, issue #16) must give
 the scores and gradients of the plain formulation bit for bit, so that no kept set of a trained scorer moves."""
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -32,3 +34,50 @@ def test_forward_layers_is_bit_identical_to_the_einsum_formulation(activation, b
         grads.append((out.detach(), xg.grad, *(p.grad.clone() for p in bank.parameters())))
         bank.zero_grad()
     assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+def hand_view(seen: int = 40, nl: int = 3, b: int = 2, h: int = 2, g: int = 2, n: int = 9, d: int = 8):
+    """An eviction view with random keys, values and statistics, its slots holding scattered token indices."""
+    from foresight.features import STAT_NAMES
+    from foresight.view import EvictionView
+
+    gen = torch.Generator().manual_seed(seen)
+    token = torch.sort(torch.randperm(seen, generator=gen)[:n]).values.expand(nl, b, h, n).clone()
+    token[:, 1, :, 0] = -1  # a padding slot
+    stats = {k: torch.rand(nl, b, h, g, n, generator=gen) for k in STAT_NAMES}
+    return EvictionView(keys=torch.randn(nl, b, h, n, d, generator=gen), values=torch.randn(nl, b, h, n, d, generator=gen),
+                        token=token, stats=stats, evictable=token >= 0, n_evict=2, step=0, seen=seen, prompt_len=0)
+
+
+def test_an_age_scorer_reads_log_one_plus_each_slot_s_age_last():
+    view = hand_view()
+    plain = ScorerBank(3, 2, 8, 2, hidden=8, seed=2)
+    aged = ScorerBank(3, 2, 8, 2, hidden=8, features=("key", "value", "attn", "age"), seed=2)
+    assert aged.d_in == plain.d_in + 1 and aged.spec()["features"][-1] == "age"
+    x = aged.inputs(view)
+    assert torch.equal(x[..., :-1], plain.inputs(view))
+    age = (view.seen - 1 - view.token).clamp(min=0).float()
+    assert torch.equal(x[..., -1], torch.log1p(age))
+    assert x[0, 0, 0, -1, -1] == torch.log1p(torch.tensor(float(view.seen - 1 - view.token[0, 0, 0, -1])))
+    with pytest.raises(ValueError, match="reads the keys' age"):
+        aged.assemble(view.keys, view.values, view.stats)
+    with pytest.raises(ValueError, match="no key, value or attention"):
+        ScorerBank(3, 2, 8, 2, features=("age",))
+    with pytest.raises(ValueError, match="unknown scorer features"):
+        ScorerBank(3, 2, 8, 2, features=("key", "position"))
+
+
+def test_an_age_scorer_scores_the_same_one_layer_at_a_time(monkeypatch):
+    """The policy's layer-sliced path (a large model's) passes each slice its own ages."""
+    from foresight import features
+    from foresight.scorer import LearnedPolicy
+
+    view = hand_view()
+    bank = ScorerBank(3, 2, 8, 2, hidden=8, features=("key", "value", "attn", "age"), seed=4)
+    with torch.no_grad():
+        bank.ln_w[1].mul_(3.0)  # layers that differ
+    whole = LearnedPolicy(bank).score(view)
+    monkeypatch.setattr(features, "ALL_LAYERS_MAX_VALUES", 1)
+    assert torch.allclose(LearnedPolicy(bank).score(view), whole, atol=1e-6)
+    older = dataclasses.replace(view, seen=view.seen + 100)  # the same slots, every key 100 tokens older
+    assert not torch.allclose(LearnedPolicy(bank).score(older), whole)

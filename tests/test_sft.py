@@ -190,7 +190,7 @@ def test_stored_golden_examples_are_the_run_s_own_and_shared_between_runs(sft_se
     ds = load_traces(tdir)
     store = GoldenStore(model, r.cache, "mean", steps=2, seed=0)
     row = ds[0]
-    for feats in (("key", "value", "attn"), ("attn",), ("key", "value")):
+    for feats in (("key", "value", "attn"), ("attn",), ("key", "value"), ("key", "value", "attn", "age"), ("attn", "age")):
         bank = bank_for_model(model, features=feats)
         ref = golden_examples(model, torch.tensor([row["input_ids"]]), bank, r.cache, prompt_len=row["prompt_len"])
         got = store.examples(row, bank)
@@ -212,6 +212,7 @@ def test_stored_golden_examples_are_the_run_s_own_and_shared_between_runs(sft_se
         assert a["steps"] == b["steps"]
         assert torch.allclose(a["x"].float(), b["x"].float(), atol=2e-3 * (1 + b["x"].float().abs().max().item()))
         assert torch.allclose(a["future"], b["future"], atol=1e-5) and torch.equal(a["cand"], b["cand"])
+        assert torch.equal(a["age"], b["age"])
     monkeypatch.setenv("FORESIGHT_CACHE", str(tmp_path / "cache"))
     r2 = load_recipe("recipes/tiny-qwen3.yaml", [f"model.path={r.model.path}", *SETS, "sft.example_steps=2"])
     train_sft(r2, tdir, tmp_path / "a", progress=False, log=lambda *_: None)

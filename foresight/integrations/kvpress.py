@@ -15,7 +15,8 @@ kvpress hands a press the buffered hidden states of the decoding steps since the
 recomputes their queries (q-projection, q-norm, RoPE at their positions), their attention to the cached keys,
 and from it the statistics of :mod:`foresight.features` (block max/min/sum, last-8/16/32 sums). The running
 cumulative and decayed sums are carried by the press across compressions (they count decoding queries only:
-kvpress does not expose the prompt's attention). kvpress keeps the highest scores, so the press returns
+kvpress does not expose the prompt's attention), and so are the kept pairs' positions (for a scorer that reads their
+age; before the first compression the cache holds every position in order). kvpress keeps the highest scores, so the press returns
 ``−(eviction score)``; the newest ``protect_recent`` tokens get ``+inf`` (the paper protects the newest L).
 kvpress pins transformers < 5.3, older than the core's; CI tests this adapter in its own environment.
 """
@@ -84,19 +85,21 @@ class ForesightPress(ScorerPress):
         prev = self._state.get(layer)
         cum = torch.zeros(b, h, g, n, device=keys.device)
         dec = torch.zeros(b, h, g, n, device=keys.device)
+        last = int(kwargs["cache_position"].reshape(-1)[-1])
+        k = 0 if prev is None else prev[0].shape[-1]
+        pos = (last - n + 1 + torch.arange(n, device=keys.device)).expand(b, h, n).clone()  # positions of new slots
         if prev is not None:
-            k = prev[0].shape[-1]
-            cum[..., :k], dec[..., :k] = prev
+            cum[..., :k], dec[..., :k], pos[..., :k] = prev
         cum = cum + st["sum"]
         dec = DECAY * dec + st["sum"]
         st["cum"], st["decay"] = cum, dec
         with torch.no_grad():
-            keep = -self.bank.forward_layer(layer, self.bank.assemble(keys, values, st))
+            keep = -self.bank.forward_layer(layer, self.bank.assemble(keys, values, st, age=last - pos))
         if self.protect_recent:
             keep[..., max(0, n - self.protect_recent):] = float("inf")
         keep = keep.to(keys.dtype)
         if self.compression_ratio > 0:  # carry the running sums in the order kvpress will keep the pairs
             idx = keep.topk(compute_n_kept(n, self.compression_ratio), dim=-1).indices  # ScorerPress's own rule
             gi = idx.unsqueeze(2).expand(b, h, g, idx.shape[-1])
-            self._state[layer] = (cum.gather(-1, gi), dec.gather(-1, gi))
+            self._state[layer] = (cum.gather(-1, gi), dec.gather(-1, gi), pos.gather(-1, idx))
         return keep

@@ -120,3 +120,47 @@ def test_readme_kvpress_snippet_runs(tmp_path, monkeypatch):
     ns = {"model": model, "input_ids": torch.randint(0, 128, (1, 30))}
     exec(code.replace("max_new_tokens=1100", "max_new_tokens=40"), ns)  # noqa: S102
     assert ns["out"].shape[1] == 70
+
+
+def test_an_age_scorer_sees_each_kept_pair_s_age_across_compressions(tmp_path):
+    """The press carries the kept pairs' positions in kvpress's order: at the first compression the cache holds every
+    position in order (ages n-1 .. 0); at each later one a carried pair is older by exactly the tokens fed since, and
+    it is the pair the previous compression kept (the same key)."""
+    model, _ = tiny(tmp_path)
+    bank = ScorerBank(2, 2, 16, 2, seed=1, features=("key", "value", "attn", "age"))
+    info = {"model_type": "qwen3", "num_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 16, "name_or_path": "tiny"}
+    save_scorer(bank, tmp_path / "age", info, budget=24, interval=8, sinks=0, stage="sft")
+    inner = ForesightPress(scorer_dir=str(tmp_path / "age"), protect_recent=8)
+    press = kvpress.DecodingPress(inner, compression_interval=8, target_size=24, hidden_states_buffer_size=8)
+    calls = []
+    orig_assemble = None
+
+    def spy_post_init(model_):
+        nonlocal orig_assemble
+        ForesightPress.post_init_from_model(inner, model_)
+        orig_assemble = inner.bank.assemble
+
+        def assemble(keys, values, stats, age=None):
+            calls.append((keys.clone(), age.clone()))
+            return orig_assemble(keys, values, stats, age)
+
+        inner.bank.assemble = assemble
+
+    inner.post_init_from_model = spy_post_init
+    with press(model):
+        model.generate(torch.randint(0, 128, (1, 30)), max_new_tokens=50, do_sample=False)
+    layer0 = calls[0::2]  # layers 0 and 1 alternate
+    assert len(layer0) >= 3
+    keys, age = layer0[0]
+    n = keys.shape[2]
+    assert torch.equal(age, (n - 1 - torch.arange(n)).expand_as(age))
+    for (k_prev, a_prev), (k_now, a_now) in zip(layer0, layer0[1:]):
+        kept = 24
+        fed = k_now.shape[2] - kept
+        for hh in range(k_now.shape[1]):
+            for j in range(kept):  # the j-th carried pair: find it among the previous call's keys
+                match = (k_prev[0, hh] == k_now[0, hh, j]).all(-1).nonzero()
+                assert len(match) == 1
+                assert a_now[0, hh, j] == a_prev[0, hh, match[0, 0]] + fed
+        assert torch.equal(a_now[0, :, kept:], (fed - 1 - torch.arange(fed)).expand(k_now.shape[1], fed))
