@@ -132,6 +132,7 @@ class SFTConfig:
     schedule: str = "cosine"
     margin: float = 0.01
     pairs: str = "all"  # all | sampled | boundary (sampled pairs across golden's eviction set only)
+    pair_weight: str = "uniform"  # uniform (the paper's) | gap: each pair weighted by its future-score gap F_j - F_i
     sampled_pairs: int = 4096
     pair_chunk: int = 65536
     golden_pool: str = "mean"  # mean | max (pooling over a block's queries and a GQA group's heads)

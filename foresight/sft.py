@@ -8,8 +8,11 @@ yields, per eviction step, the scorer inputs of all candidates. Loss (paper §3.
 
 a row being one (layer, step, KV head); ``F`` the golden future score, ``φ`` the scorer's eviction score (i
 should go before j). ``sft.pairs = all`` uses every pair (chunked), ``sampled`` a random subset of
-``sft.sampled_pairs`` pairs per row. Metrics: loss, recall@L of the scorer's eviction set against the golden
-set (per layer), learning rate — to TensorBoard (``OUT/tb``).
+``sft.sampled_pairs`` pairs per row. ``sft.pair_weight = gap`` weights each pair by ``F_j − F_i``, the future
+attention that evicting j instead of i would lose, so that the many near-ties among pairs nobody will attend to (whose
+order costs nothing) do not outweigh the few costly ones; ``uniform`` (the paper's) weights every pair alike.
+Metrics: loss, recall@L of the scorer's eviction set against the golden set (per layer), learning rate — to
+TensorBoard (``OUT/tb``).
 
 Checkpoints: ``OUT/ckpt/state.pt`` every ``sft.ckpt_every`` steps (atomic); ``--resume`` continues exactly
 (batches depend only on the step number and the seed). The final scorers are a standalone checkpoint in OUT.
@@ -41,23 +44,31 @@ from foresight.training import finish_run, full_state_dict, load_stage_inputs, o
 
 
 # ------------------------------------------------------------------------------------------------ loss
+PAIR_WEIGHTS = ("uniform", "gap")
+
+
 def pairwise_hinge(phi, fut, cand, margin: float = 0.01, mode: str = "all", sampled: int = 4096,
-                   chunk: int = 1 << 24, generator=None, k: int = 0):
-    """Per-row mean hinge over ordered pairs; phi, fut, cand: [R, n]. Returns (mean over rows with pairs, rows).
-    ``mode``: ``all`` pairs, ``sampled`` pairs, or ``boundary``: ``sampled`` pairs across golden's eviction set, one
-    of the ``k`` candidates golden evicts against one it keeps (the order inside either set does not count: top-k
-    eviction and recall@L depend only on the set)."""
+                   chunk: int = 1 << 24, generator=None, k: int = 0, weight: str = "uniform"):
+    """Per-row (weighted) mean hinge over ordered pairs; phi, fut, cand: [R, n]. Returns (mean over rows with pairs,
+    rows). ``mode``: ``all`` pairs, ``sampled`` pairs, or ``boundary``: ``sampled`` pairs across golden's eviction set,
+    one of the ``k`` candidates golden evicts against one it keeps (the order inside either set does not count: top-k
+    eviction and recall@L depend only on the set). ``weight``: ``uniform`` or ``gap`` (each pair weighted by its
+    future-score gap)."""
     R, n = phi.shape
+    if weight not in PAIR_WEIGHTS:
+        raise ValueError(f"sft.pair_weight must be one of {', '.join(PAIR_WEIGHTS)}, got {weight!r}")
+    gap = weight == "gap"
     if mode == "boundary":
-        return boundary_hinge(phi, fut, cand, margin, sampled, k, generator)
+        return boundary_hinge(phi, fut, cand, margin, sampled, k, generator, gap)
     if mode == "all":
         per_row = []
         rows_per_chunk = max(1, chunk // max(1, n * n))
         for r0 in range(0, R, rows_per_chunk):
             p, f, c = phi[r0:r0 + rows_per_chunk], fut[r0:r0 + rows_per_chunk], cand[r0:r0 + rows_per_chunk]
             pair = (f.unsqueeze(2) < f.unsqueeze(1)) & c.unsqueeze(2) & c.unsqueeze(1)
-            h = torch.relu(margin - (p.unsqueeze(2) - p.unsqueeze(1))) * pair
-            per_row.append(torch.stack([h.sum((1, 2)), pair.sum((1, 2)).float()], -1))
+            w = (f.unsqueeze(1) - f.unsqueeze(2)) * pair if gap else pair.float()
+            h = torch.relu(margin - (p.unsqueeze(2) - p.unsqueeze(1))) * w
+            per_row.append(torch.stack([h.sum((1, 2)), w.sum((1, 2))], -1))
         sums = torch.cat(per_row)
     elif mode == "sampled":
         i = torch.randint(0, n, (R, sampled), generator=generator).to(phi.device)
@@ -67,15 +78,17 @@ def pairwise_hinge(phi, fut, cand, margin: float = 0.01, mode: str = "all", samp
         lo_i = fi < fj  # orient each pair so that the first element should be evicted first
         pi, pj = phi.gather(1, i), phi.gather(1, j)
         d = torch.where(lo_i, pi - pj, pj - pi)
-        h = torch.relu(margin - d) * ok
-        sums = torch.stack([h.sum(1), ok.sum(1).float()], -1)
+        w = (fi - fj).abs() * ok if gap else ok.float()
+        h = torch.relu(margin - d) * w
+        sums = torch.stack([h.sum(1), w.sum(1)], -1)
     else:
         raise ValueError(f"sft.pairs must be 'all', 'sampled' or 'boundary', got {mode!r}")
     return mean_over_rows(phi, sums)
 
 
 def mean_over_rows(phi, sums):
-    """(mean over the rows that have pairs of their mean hinge, how many rows): ``sums`` [R, 2] = (Σ hinge, pairs)."""
+    """(mean over the rows that have pairs of their mean hinge, how many rows): ``sums`` [R, 2] = (Σ weighted hinge,
+    Σ pair weights)."""
     has = sums[:, 1] > 0
     if not has.any():
         return phi.sum() * 0.0, 0
@@ -92,8 +105,9 @@ def golden_set(fut, cand, k: int) -> torch.Tensor:
     return torch.zeros_like(cand).scatter_(1, golden_top(fut, cand, k), True) & cand
 
 
-def boundary_hinge(phi, fut, cand, margin: float, sampled: int, k: int, generator=None):
-    """Hinge over ``sampled`` pairs per row (i, j): i drawn from golden's k evictions, j from the candidates it keeps."""
+def boundary_hinge(phi, fut, cand, margin: float, sampled: int, k: int, generator=None, gap: bool = False):
+    """Hinge over ``sampled`` pairs per row (i, j): i drawn from golden's k evictions, j from the candidates it keeps
+    (``gap``: each weighted by ``F_j − F_i``)."""
     if k < 1:
         raise ValueError("sft.pairs='boundary' needs the eviction size k = cache.interval >= 1")
     gold = golden_set(fut, cand, k)
@@ -104,9 +118,11 @@ def boundary_hinge(phi, fut, cand, margin: float, sampled: int, k: int, generato
     wj = torch.where(valid[:, None], rest.float(), one).cpu()
     i = torch.multinomial(wi, sampled, replacement=True, generator=generator).to(phi.device)
     j = torch.multinomial(wj, sampled, replacement=True, generator=generator).to(phi.device)
-    ok = valid[:, None] & (fut.gather(1, i) < fut.gather(1, j))  # an exact tie at the boundary orders nothing
-    h = torch.relu(margin - (phi.gather(1, i) - phi.gather(1, j))) * ok
-    return mean_over_rows(phi, torch.stack([h.sum(1), ok.sum(1).float()], -1))
+    fi, fj = fut.gather(1, i), fut.gather(1, j)
+    ok = valid[:, None] & (fi < fj)  # an exact tie at the boundary orders nothing
+    w = (fj - fi) * ok if gap else ok.float()
+    h = torch.relu(margin - (phi.gather(1, i) - phi.gather(1, j))) * w
+    return mean_over_rows(phi, torch.stack([h.sum(1), w.sum(1)], -1))
 
 
 def recall_at_l(phi, fut, cand, k: int) -> torch.Tensor:
@@ -139,7 +155,7 @@ def example_loss(bank, examples, cfg, interval, generator=None):
         cands.append(c.reshape(nl, -1, x.shape[3]))
     phi, fut, cand = torch.cat(phis, 1), torch.cat(futs, 1), torch.cat(cands, 1)  # [nl, rows, n]
     loss, _ = pairwise_hinge(phi.flatten(0, 1), fut.flatten(0, 1), cand.flatten(0, 1), cfg.margin, cfg.pairs,
-                             cfg.sampled_pairs, cfg.pair_chunk, generator, k=interval)
+                             cfg.sampled_pairs, cfg.pair_chunk, generator, k=interval, weight=cfg.pair_weight)
     with torch.no_grad():
         rec = recall_at_l(phi.flatten(0, 1), fut.flatten(0, 1), cand.flatten(0, 1), interval).view(nl, -1).mean(1)
     return loss, rec

@@ -96,6 +96,7 @@ RULES = {
     "scorer.features": scorer_inputs,
     "sft.steps": at_least(1), "sft.batch_traces": at_least(1), "sft.lr": above(0), "sft.warmup": at_least(0),
     "sft.schedule": one_of("cosine", "constant"), "sft.margin": at_least(0), "sft.pairs": one_of("all", "sampled", "boundary"),
+    "sft.pair_weight": one_of("uniform", "gap"),
     "sft.sampled_pairs": at_least(1), "sft.val_traces": at_least(0),
     "sft.example_steps": at_least(0), "sft.pair_chunk": at_least(1), "sft.golden_pool": one_of("mean", "max"),
     "sft.budgets": budgets_or_none,

@@ -41,6 +41,41 @@ def test_pairwise_hinge_all_and_sampled_agree_on_a_crafted_row():
     assert recall_at_l(phi, fut, cand, 2).item() == 1.0 and recall_at_l(bad, fut, cand, 2).item() == 0.0
 
 
+def test_gap_weighted_pairs_count_a_costly_swap_more_than_a_near_tie():
+    """sft.pair_weight=gap: each ordered pair's hinge weighted by its future-score gap, the weights normalised per row.
+    Swapping two pairs nobody attends to costs little; swapping one of them with a pair attended later costs a lot
+    (uniform weights count both swaps alike). All pairs, sampled pairs and a brute-force sum agree."""
+    fut = torch.tensor([[0.001, 0.002, 0.003, 0.5]])
+    cand = torch.ones(1, 4, dtype=torch.bool)
+    near_tie = torch.tensor([[2.0, 3.0, 1.0, 0.0]])  # slots 0 and 1 swapped (gap 0.001)
+    costly = torch.tensor([[3.0, 2.0, 0.0, 1.0]])  # slots 2 and 3 swapped (gap 0.497)
+
+    def brute(phi):
+        num = den = 0.0
+        for i in range(4):
+            for j in range(4):
+                if fut[0, i] < fut[0, j]:
+                    w = float(fut[0, j] - fut[0, i])
+                    num += w * max(0.0, 0.01 - float(phi[0, i] - phi[0, j]))
+                    den += w
+        return num / den
+
+    uni = [pairwise_hinge(p, fut, cand, 0.01)[0].item() for p in (near_tie, costly)]
+    assert abs(uni[0] - uni[1]) < 1e-6  # uniform: the same one swap of adjacent slots
+    gap = [pairwise_hinge(p, fut, cand, 0.01, weight="gap")[0].item() for p in (near_tie, costly)]
+    assert abs(gap[0] - brute(near_tie)) < 1e-6 and abs(gap[1] - brute(costly)) < 1e-6
+    assert gap[1] > 100 * gap[0]
+    s, _ = pairwise_hinge(costly, fut, cand, 0.01, "sampled", 40000, generator=torch.Generator().manual_seed(0),
+                          weight="gap")
+    assert abs(s.item() - gap[1]) < 0.05 * gap[1]
+    b, _ = pairwise_hinge(costly, fut, cand, 0.01, "boundary", 40000, generator=torch.Generator().manual_seed(0),
+                          k=3, weight="gap")
+    # golden evicts slots 0-2 and keeps 3: pairs (0, 3), (1, 3), (2, 3), only the last one wrong (hinge 1.01)
+    assert abs(b.item() - 1.01 * 0.497 / (0.499 + 0.498 + 0.497)) < 0.02
+    with pytest.raises(ValueError, match="pair_weight"):
+        pairwise_hinge(costly, fut, cand, 0.01, weight="square")
+
+
 def test_boundary_pairs_count_only_the_golden_set_against_the_rest():
     """sft.pairs=boundary: a scorer that puts golden's k evictions above every kept candidate has zero loss whatever
     its order inside either set (the all-pairs loss does not); one that swaps a member across the boundary does not."""
