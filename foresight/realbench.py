@@ -40,7 +40,10 @@ SFT_ABLATIONS = (("attn-only", "scorer inputs: attention statistics only", ["sco
                  ("kv-only", "scorer inputs: key and value only", ["scorer.features=[key,value]"]),
                  ("width-16", "scorer width 16, the paper's", ["scorer.hidden=16"]),
                  ("width-64", "scorer width 64", ["scorer.hidden=64"]),
-                 ("pool-max", "golden pooling: max over a block's queries (default mean)", ["sft.golden_pool=max"]))
+                 ("pool-max", "golden pooling: max over a block's queries (default mean)", ["sft.golden_pool=max"]),
+                 ("pairs-uniform", "hinge pairs weighted alike, the paper's (default: by future-score gap)",
+                  ["sft.pair_weight=uniform"]),
+                 ("age", "scorer inputs: + each pair's age", ["scorer.features=[key,value,attn,age]"]))
 SAMPLERS = ("topk", "sample", "multinomial")  # how a trained scorer picks its L pairs at evaluation
 KVPOP_SET = ["sft.objective=kvpop", "kvpop.scorer=mlp", "sft.lr=0.003", "sft.warmup=10", "sft.steps=60", "sft.batch_traces=4"]
 

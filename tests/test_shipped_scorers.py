@@ -14,13 +14,16 @@ from foresight.scorer import LearnedPolicy
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = sorted(p.parent for p in (ROOT / "docs/results").glob("*/scorers/*/config.json"))
 SMOLLM2 = ROOT / "docs/results/smollm2-135m/scorers"
-RECOMMENDED = SMOLLM2 / "sft-w256"  # the README's recommended SmolLM2 scorer: the realbench recipe's width
+RECOMMENDED = SMOLLM2 / "sft-w256-gap"  # the README's recommended SmolLM2 scorer: the realbench recipe's settings
 RECIPE = ROOT / "recipes/smollm2-135m-realbench.yaml"
 
 
 def test_the_recommended_smollm2_scorer_is_shipped_at_the_recipes_width():
     assert RECOMMENDED in SHIPPED
-    assert read_config(RECOMMENDED)["scorer"]["hidden"] == load_recipe(RECIPE).scorer.hidden
+    cfg, recipe = read_config(RECOMMENDED), load_recipe(RECIPE)
+    assert cfg["scorer"]["hidden"] == recipe.scorer.hidden
+    assert cfg["recipe"]["sft"]["pair_weight"] == recipe.sft.pair_weight
+    assert cfg["scorer"]["features"] == list(recipe.scorer.features)
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: f"{p.parent.parent.name}/{p.name}")
