@@ -39,14 +39,12 @@ from foresight.report import bootstrap_ci
 from foresight.selection import top_indices, topk_overlap
 from foresight.scorer import ScorerBank, bank_for_model
 from foresight.trace_data import training_fingerprints
+from foresight.validation import PAIR_WEIGHTS
 from foresight.training import finish_run, full_state_dict, load_stage_inputs, optimizer_step, progress_bar, \
     resumed_extra, run_identity, save_progress, save_snapshot, setup_training, summary_writer, train_plan
 
 
 # ------------------------------------------------------------------------------------------------ loss
-PAIR_WEIGHTS = ("uniform", "gap")
-
-
 def pairwise_hinge(phi, fut, cand, margin: float = 0.01, mode: str = "all", sampled: int = 4096,
                    chunk: int = 1 << 24, generator=None, k: int = 0, weight: str = "uniform"):
     """Per-row (weighted) mean hinge over ordered pairs; phi, fut, cand: [R, n]. Returns (mean over rows with pairs,

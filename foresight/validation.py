@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+from foresight.features import SCORER_INPUTS
+
 
 class RecipeError(ValueError):
     """A recipe or an override is malformed."""
@@ -23,6 +25,7 @@ def within(lo, hi):  # lo < v <= hi
 
 
 SELECTIONS = ("topk", "sample", "multinomial")  # how the L pairs to evict are picked from the scores
+PAIR_WEIGHTS = ("uniform", "gap")  # how SFT's hinge weighs a pair: alike (the paper's) or by its future-score gap
 
 
 def one_of(*choices):
@@ -36,7 +39,7 @@ def subset_of(*choices):
 def scorer_inputs(v):
     """scorer.features: a non-empty list of input groups, at least one of them read from the cache's pairs (age alone
     ranks every head's pairs the same way)."""
-    bad = subset_of("key", "value", "attn", "age")(v)
+    bad = subset_of(*SCORER_INPUTS)(v)
     if bad:
         return bad
     return None if set(v) - {"age"} else "must hold key, value or attn besides age"
@@ -96,7 +99,7 @@ RULES = {
     "scorer.features": scorer_inputs,
     "sft.steps": at_least(1), "sft.batch_traces": at_least(1), "sft.lr": above(0), "sft.warmup": at_least(0),
     "sft.schedule": one_of("cosine", "constant"), "sft.margin": at_least(0), "sft.pairs": one_of("all", "sampled", "boundary"),
-    "sft.pair_weight": one_of("uniform", "gap"),
+    "sft.pair_weight": one_of(*PAIR_WEIGHTS),
     "sft.sampled_pairs": at_least(1), "sft.val_traces": at_least(0),
     "sft.example_steps": at_least(0), "sft.pair_chunk": at_least(1), "sft.golden_pool": one_of("mean", "max"),
     "sft.budgets": budgets_or_none,
