@@ -2,7 +2,7 @@
 
 For every training trace: golden future scores (:mod:`foresight.golden`), then one teacher-forced pass that
 *follows the golden decisions* (so the features are exactly what the engine produces along that trajectory)
-yields, per eviction step, the scorer inputs of all candidates. Loss (paper §3.2)::
+yields, per eviction step, the scorer inputs of all candidates. Loss (paper §3.2; :mod:`foresight.ranking`)::
 
     L = mean_{layers, rows} mean_{(i, j) in row : F_i < F_j} max(0, m − (φ_i − φ_j))
 
@@ -12,7 +12,8 @@ should go before j). ``sft.pairs = all`` uses every pair (chunked), ``sampled`` 
 attention that evicting j instead of i would lose, so that the many near-ties among pairs nobody will attend to (whose
 order costs nothing) do not outweigh the few costly ones; ``uniform`` (the paper's) weights every pair alike.
 Metrics: loss, recall@L of the scorer's eviction set against the golden set (per layer), learning rate — to
-TensorBoard (``OUT/tb``).
+TensorBoard (``OUT/tb``); on the validation traces also the future score the scorer's evictions lose relative to
+golden's (``val_lost_future_ratio``, 1 = golden), which weighs each miss by what it costs where recall@L does not.
 
 Checkpoints: ``OUT/ckpt/state.pt`` every ``sft.ckpt_every`` steps (atomic); ``--resume`` continues exactly
 (batches depend only on the step number and the seed). The final scorers are a standalone checkpoint in OUT.
@@ -35,98 +36,12 @@ from foresight.checkpoint import load_scorer, read_config
 from foresight.config import parse_budgets
 from foresight.golden_store import GoldenStore, golden_examples
 from foresight.locks import locks_output
+from foresight.ranking import lost_future, pairwise_hinge, recall_at_l
 from foresight.report import bootstrap_ci
-from foresight.selection import top_indices, topk_overlap
 from foresight.scorer import ScorerBank, bank_for_model
 from foresight.trace_data import training_fingerprints
-from foresight.validation import PAIR_WEIGHTS
 from foresight.training import finish_run, full_state_dict, load_stage_inputs, optimizer_step, progress_bar, \
     resumed_extra, run_identity, save_progress, save_snapshot, setup_training, summary_writer, train_plan
-
-
-# ------------------------------------------------------------------------------------------------ loss
-def pairwise_hinge(phi, fut, cand, margin: float = 0.01, mode: str = "all", sampled: int = 4096,
-                   chunk: int = 1 << 24, generator=None, k: int = 0, weight: str = "uniform"):
-    """Per-row (weighted) mean hinge over ordered pairs; phi, fut, cand: [R, n]. Returns (mean over rows with pairs,
-    rows). ``mode``: ``all`` pairs, ``sampled`` pairs, or ``boundary``: ``sampled`` pairs across golden's eviction set,
-    one of the ``k`` candidates golden evicts against one it keeps (the order inside either set does not count: top-k
-    eviction and recall@L depend only on the set). ``weight``: ``uniform`` or ``gap`` (each pair weighted by its
-    future-score gap)."""
-    R, n = phi.shape
-    if weight not in PAIR_WEIGHTS:
-        raise ValueError(f"sft.pair_weight must be one of {', '.join(PAIR_WEIGHTS)}, got {weight!r}")
-    gap = weight == "gap"
-    if mode == "boundary":
-        return boundary_hinge(phi, fut, cand, margin, sampled, k, generator, gap)
-    if mode == "all":
-        per_row = []
-        rows_per_chunk = max(1, chunk // max(1, n * n))
-        for r0 in range(0, R, rows_per_chunk):
-            p, f, c = phi[r0:r0 + rows_per_chunk], fut[r0:r0 + rows_per_chunk], cand[r0:r0 + rows_per_chunk]
-            pair = (f.unsqueeze(2) < f.unsqueeze(1)) & c.unsqueeze(2) & c.unsqueeze(1)
-            w = (f.unsqueeze(1) - f.unsqueeze(2)) * pair if gap else pair.float()
-            h = torch.relu(margin - (p.unsqueeze(2) - p.unsqueeze(1))) * w
-            per_row.append(torch.stack([h.sum((1, 2)), w.sum((1, 2))], -1))
-        sums = torch.cat(per_row)
-    elif mode == "sampled":
-        i = torch.randint(0, n, (R, sampled), generator=generator).to(phi.device)
-        j = torch.randint(0, n, (R, sampled), generator=generator).to(phi.device)
-        fi, fj = fut.gather(1, i), fut.gather(1, j)
-        ok = cand.gather(1, i) & cand.gather(1, j) & (fi != fj)
-        lo_i = fi < fj  # orient each pair so that the first element should be evicted first
-        pi, pj = phi.gather(1, i), phi.gather(1, j)
-        d = torch.where(lo_i, pi - pj, pj - pi)
-        w = (fi - fj).abs() * ok if gap else ok.float()
-        h = torch.relu(margin - d) * w
-        sums = torch.stack([h.sum(1), w.sum(1)], -1)
-    else:
-        raise ValueError(f"sft.pairs must be 'all', 'sampled' or 'boundary', got {mode!r}")
-    return mean_over_rows(phi, sums)
-
-
-def mean_over_rows(phi, sums):
-    """(mean over the rows that have pairs of their mean hinge, how many rows): ``sums`` [R, 2] = (Σ weighted hinge,
-    Σ pair weights)."""
-    has = sums[:, 1] > 0
-    if not has.any():
-        return phi.sum() * 0.0, 0
-    return (sums[has, 0] / sums[has, 1]).mean(), int(has.sum())
-
-
-def golden_top(fut, cand, k: int) -> torch.Tensor:
-    """[R, k] golden's k evictions among each row's candidates: lowest future first, then the oldest."""
-    return top_indices((-fut).masked_fill(~cand, torch.finfo(fut.dtype).min), k)
-
-
-def golden_set(fut, cand, k: int) -> torch.Tensor:
-    """[R, n] mask of :func:`golden_top`'s slots (candidates only)."""
-    return torch.zeros_like(cand).scatter_(1, golden_top(fut, cand, k), True) & cand
-
-
-def boundary_hinge(phi, fut, cand, margin: float, sampled: int, k: int, generator=None, gap: bool = False):
-    """Hinge over ``sampled`` pairs per row (i, j): i drawn from golden's k evictions, j from the candidates it keeps
-    (``gap``: each weighted by ``F_j − F_i``)."""
-    if k < 1:
-        raise ValueError("sft.pairs='boundary' needs the eviction size k = cache.interval >= 1")
-    gold = golden_set(fut, cand, k)
-    rest = cand & ~gold
-    valid = gold.any(1) & rest.any(1)
-    one = torch.ones_like(gold[0], dtype=torch.float32)
-    wi = torch.where(valid[:, None], gold.float(), one).cpu()  # rows without pairs draw anything, masked below
-    wj = torch.where(valid[:, None], rest.float(), one).cpu()
-    i = torch.multinomial(wi, sampled, replacement=True, generator=generator).to(phi.device)
-    j = torch.multinomial(wj, sampled, replacement=True, generator=generator).to(phi.device)
-    fi, fj = fut.gather(1, i), fut.gather(1, j)
-    ok = valid[:, None] & (fi < fj)  # an exact tie at the boundary orders nothing
-    w = (fj - fi) * ok if gap else ok.float()
-    h = torch.relu(margin - (phi.gather(1, i) - phi.gather(1, j))) * w
-    return mean_over_rows(phi, torch.stack([h.sum(1), w.sum(1)], -1))
-
-
-def recall_at_l(phi, fut, cand, k: int) -> torch.Tensor:
-    """[R] |scorer's top-k eviction set ∩ golden set| / k within each row's candidates."""
-    mine = top_indices(phi.masked_fill(~cand, torch.finfo(phi.dtype).min), k)
-    return topk_overlap(mine, golden_top(fut, cand, k))
 
 
 def budgets_loss(bank, groups, cfg, generator=None):
@@ -143,20 +58,39 @@ def training_settings(recipe) -> list:
     return [recipe.cache.replace(budget=B, interval=L) for B, L in parse_budgets(recipe.sft.budgets)]
 
 
-def example_loss(bank, examples, cfg, interval, generator=None):
-    """Loss and per-layer recall over a trace's golden steps (rows = layer × step × head)."""
+def example_rows(bank, examples):
+    """The scorer's eviction scores, golden's future scores and the candidate masks of a trace's golden steps, each
+    [layers, rows, n] (rows = step × head)."""
     nl = bank.num_layers
     phis, futs, cands = [], [], []
     for x, f, c in examples:
         phis.append(bank(x).reshape(nl, -1, x.shape[3]))
         futs.append(f.reshape(nl, -1, x.shape[3]))
         cands.append(c.reshape(nl, -1, x.shape[3]))
-    phi, fut, cand = torch.cat(phis, 1), torch.cat(futs, 1), torch.cat(cands, 1)  # [nl, rows, n]
+    return torch.cat(phis, 1), torch.cat(futs, 1), torch.cat(cands, 1)
+
+
+def example_loss(bank, examples, cfg, interval, generator=None):
+    """Loss and per-layer recall over a trace's golden steps (rows = layer × step × head)."""
+    phi, fut, cand = example_rows(bank, examples)
+    nl = phi.shape[0]
     loss, _ = pairwise_hinge(phi.flatten(0, 1), fut.flatten(0, 1), cand.flatten(0, 1), cfg.margin, cfg.pairs,
                              cfg.sampled_pairs, cfg.pair_chunk, generator, k=interval, weight=cfg.pair_weight)
     with torch.no_grad():
         rec = recall_at_l(phi.flatten(0, 1), fut.flatten(0, 1), cand.flatten(0, 1), interval).view(nl, -1).mean(1)
     return loss, rec
+
+
+@torch.no_grad()
+def lost_future_ratio(bank, groups) -> float:
+    """Over a trace's golden steps (``groups``: one ``(interval, examples)`` per budget): the future score that the
+    scorer's evictions lose, summed over every row, divided by golden's (1 = golden's choice; recall@L, by contrast,
+    counts a swap of two pairs nothing attends to as much as a costly one)."""
+    sums = torch.zeros(2)
+    for interval, examples in groups:
+        phi, fut, cand = example_rows(bank, examples)
+        sums += lost_future(phi.flatten(0, 1).float(), fut.flatten(0, 1).float(), cand.flatten(0, 1), interval).sum(0)
+    return (sums[0] / sums[1].clamp(min=1e-12)).item()
 
 
 # ------------------------------------------------------------------------------------------------ training
@@ -294,6 +228,11 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
             metrics["val_recall_at_L_lo"], metrics["val_recall_at_L_hi"] = (round(x, 4) for x in ci)
         metrics["val_traces"] = len(val_idx)
         metrics["val_recall_at_L_per_layer"] = [round(x, 4) for x in torch.stack([v[1] for v in vals]).mean(0).tolist()]
+        lost = [lost_future_ratio(bank, groups_for(i, own=False)) for i in val_idx]
+        metrics["val_lost_future_ratio"] = round(sum(lost) / len(lost), 4)
+        ci = bootstrap_ci(lost)
+        if ci is not None and len(lost) > 1:
+            metrics["val_lost_future_ratio_lo"], metrics["val_lost_future_ratio_hi"] = (round(x, 4) for x in ci)
     weights = full_state_dict(bank, engine)
     if engine is not None and engine.zero_optimization_stage() == 3:
         bank = bank_for_model(model, recipe.scorer.hidden, recipe.scorer.activation, recipe.scorer.features)

@@ -15,7 +15,7 @@ ENGINE = {"models", "rollout", "generate", "static_step", "recorded", "golden", 
           "kvpop.target", "kvpop.scorers"}
 PLUMBING = {"training", "checkpoint", "plots", "methods", "references", "report", "divergence", "styles", "completions",
             "golden_store", "eval_resume", "realbench_report", "paired", "compare", "trace_metrics", "grpo_objective",
-            "grpo_rollout", "grpo_validation", "trace_references"}
+            "grpo_rollout", "grpo_validation", "trace_references", "ranking"}
 STAGES = {"traces", "sft", "grpo", "kvpop.train", "evaluate"}
 ENTRY = {"", "cli", "__main__", "demo", "bench", "gpubench", "integrations", "kvpop", "opcount", "realbench", "predictability"}
 LAYERS = [PRIMITIVES, ENGINE, PLUMBING, STAGES, ENTRY]

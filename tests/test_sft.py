@@ -9,6 +9,7 @@ import torch
 from foresight import traces
 from foresight.checkpoint import load_scorer
 from foresight.config import load_recipe
+from foresight.ranking import lost_future
 from foresight.sft import pairwise_hinge, recall_at_l, train_sft
 
 SETS = ["task.facts=4", "task.variables=2", "task.filler=0", "task.scratch=0", "traces.num_prompts=6",
@@ -76,6 +77,21 @@ def test_gap_weighted_pairs_count_a_costly_swap_more_than_a_near_tie():
         pairwise_hinge(costly, fut, cand, 0.01, weight="square")
 
 
+def test_lost_future_weighs_a_miss_by_what_it_evicts_where_recall_does_not():
+    """Two scorers with the same recall@L (one of golden's two evictions each) lose very different future scores: one
+    swaps in a pair nobody attends to, the other one that is attended later. Non-candidates are never counted."""
+    fut = torch.tensor([[0.001, 0.002, 0.003, 0.5, 9.0]])
+    cand = torch.tensor([[True, True, True, True, False]])  # slot 4 (huge future) is not a candidate
+    cheap = torch.tensor([[3.0, 1.0, 2.0, 0.0, 99.0]])  # evicts 0 and 2 (golden: 0 and 1)
+    costly = torch.tensor([[3.0, 1.0, 0.0, 2.0, 99.0]])  # evicts 0 and 3
+    assert recall_at_l(cheap, fut, cand, 2).item() == recall_at_l(costly, fut, cand, 2).item() == 0.5
+    gold = 0.001 + 0.002
+    assert torch.allclose(lost_future(cheap, fut, cand, 2), torch.tensor([[0.004, gold]]))
+    assert torch.allclose(lost_future(costly, fut, cand, 2), torch.tensor([[0.501, gold]]))
+    perfect = -fut
+    assert torch.allclose(lost_future(perfect, fut, cand, 2)[:, 0], torch.tensor([gold]))
+
+
 def test_boundary_pairs_count_only_the_golden_set_against_the_rest():
     """sft.pairs=boundary: a scorer that puts golden's k evictions above every kept candidate has zero loss whatever
     its order inside either set (the all-pairs loss does not); one that swaps a member across the boundary does not."""
@@ -110,6 +126,7 @@ def test_sft_trains_saves_and_resumes_exactly(sft_setup, tmp_path):
     out = tmp_path / "sft"
     bank, metrics = train_sft(r, tdir, out, progress=False, log=lambda *_: None)
     assert metrics["val_traces"] == 1 and 0 <= metrics["val_recall_at_L"] <= 1  # sft.val_traces=2, at most 6 // 4
+    assert metrics["val_lost_future_ratio"] >= 1 - 1e-6  # golden's evictions lose the least future score
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["stage"] == "sft" and cfg["budget"] == 12 and cfg["llm"]["num_layers"] == 2
     assert (out / "model.safetensors").exists() and (out / "README.md").exists()
