@@ -93,14 +93,18 @@ def boundary_hinge(phi, fut, cand, margin: float, sampled: int, k: int, generato
     return mean_over_rows(phi, torch.stack([h.sum(1), w.sum(1)], -1))
 
 
+def scorer_top(phi, cand, k: int) -> torch.Tensor:
+    """[R, k] the scorer's k evictions among each row's candidates (highest eviction score first)."""
+    return top_indices(phi.masked_fill(~cand, torch.finfo(phi.dtype).min), k)
+
+
 def recall_at_l(phi, fut, cand, k: int) -> torch.Tensor:
     """[R] |scorer's top-k eviction set ∩ golden set| / k within each row's candidates."""
-    mine = top_indices(phi.masked_fill(~cand, torch.finfo(phi.dtype).min), k)
-    return topk_overlap(mine, golden_top(fut, cand, k))
+    return topk_overlap(scorer_top(phi, cand, k), golden_top(fut, cand, k))
 
 
 def lost_future(phi, fut, cand, k: int) -> torch.Tensor:
     """[R, 2] per row: the summed future score of the scorer's top-k evictions and of golden's (golden's is the least
     any k candidates can lose, so the first is never below the second)."""
-    mine = top_indices(phi.masked_fill(~cand, torch.finfo(phi.dtype).min), k)
-    return torch.stack([fut.gather(1, mine).sum(1), fut.gather(1, golden_top(fut, cand, k)).sum(1)], -1)
+    return torch.stack([fut.gather(1, scorer_top(phi, cand, k)).sum(1), fut.gather(1, golden_top(fut, cand, k)).sum(1)],
+                       -1)
