@@ -72,7 +72,12 @@ def example_rows(bank, examples):
 
 def example_loss(bank, examples, cfg, interval, generator=None):
     """Loss and per-layer recall over a trace's golden steps (rows = layer × step × head)."""
-    phi, fut, cand = example_rows(bank, examples)
+    return rows_loss(example_rows(bank, examples), cfg, interval, generator)
+
+
+def rows_loss(rows, cfg, interval, generator=None):
+    """:func:`example_loss` of rows already scored (:func:`example_rows`)."""
+    phi, fut, cand = rows
     nl = phi.shape[0]
     loss, _ = pairwise_hinge(phi.flatten(0, 1), fut.flatten(0, 1), cand.flatten(0, 1), cfg.margin, cfg.pairs,
                              cfg.sampled_pairs, cfg.pair_chunk, generator, k=interval, weight=cfg.pair_weight)
@@ -82,13 +87,12 @@ def example_loss(bank, examples, cfg, interval, generator=None):
 
 
 @torch.no_grad()
-def lost_future_ratio(bank, groups) -> float:
-    """Over a trace's golden steps (``groups``: one ``(interval, examples)`` per budget): the future score that the
-    scorer's evictions lose, summed over every row, divided by golden's (1 = golden's choice; recall@L, by contrast,
-    counts a swap of two pairs nothing attends to as much as a costly one)."""
+def lost_future_ratio(scored) -> float:
+    """Over a trace's golden steps (``scored``: one ``(interval, rows)`` per budget, rows from :func:`example_rows`):
+    the future score that the scorer's evictions lose, summed over every row, divided by golden's (1 = golden's choice;
+    recall@L, by contrast, counts a swap of two pairs nothing attends to as much as a costly one)."""
     sums = torch.zeros(2)
-    for interval, examples in groups:
-        phi, fut, cand = example_rows(bank, examples)
+    for interval, (phi, fut, cand) in scored:
         sums += lost_future(phi.flatten(0, 1).float(), fut.flatten(0, 1).float(), cand.flatten(0, 1), interval).sum(0)
     return (sums[0] / sums[1].clamp(min=1e-12)).item()
 
@@ -205,9 +209,12 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
     if val_idx:
         with torch.no_grad():  # on golden's states: comparable between runs, with or without sft.onpolicy
             per = []  # per validation trace, per budget: (loss, per-layer recall), the pairs drawn as budgets_loss does
+            lost = []  # per validation trace: the lost-future ratio, from the same scored rows
             for i in val_idx:
                 gen = torch.Generator().manual_seed(0)
-                per.append([example_loss(bank, ex, cfg, k, gen) for k, ex in groups_for(i, own=False)])
+                scored = [(k, example_rows(bank, ex)) for k, ex in groups_for(i, own=False)]
+                per.append([rows_loss(rows, cfg, k, gen) for k, rows in scored])
+                lost.append(lost_future_ratio(scored))
             vals = [(torch.stack([p[0] for p in t]).mean(), torch.stack([p[1] for p in t]).mean(0)) for t in per]
             if len(settings) > 1:  # each training budget's recall on its own
                 metrics["val_recall_at_L_per_budget"] = {
@@ -228,7 +235,6 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
             metrics["val_recall_at_L_lo"], metrics["val_recall_at_L_hi"] = (round(x, 4) for x in ci)
         metrics["val_traces"] = len(val_idx)
         metrics["val_recall_at_L_per_layer"] = [round(x, 4) for x in torch.stack([v[1] for v in vals]).mean(0).tolist()]
-        lost = [lost_future_ratio(bank, groups_for(i, own=False)) for i in val_idx]
         metrics["val_lost_future_ratio"] = round(sum(lost) / len(lost), 4)
         ci = bootstrap_ci(lost)
         if ci is not None and len(lost) > 1:

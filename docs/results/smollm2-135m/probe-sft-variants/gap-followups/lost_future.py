@@ -14,7 +14,7 @@ from foresight.checkpoint import load_scorer
 from foresight.config import load_recipe
 from foresight.golden_store import GoldenStore
 from foresight.report import bootstrap_ci
-from foresight.sft import example_loss, lost_future_ratio
+from foresight.sft import example_rows, lost_future_ratio, rows_loss
 from foresight.training import load_stage_inputs
 
 ap = argparse.ArgumentParser()
@@ -33,9 +33,9 @@ for d in a.scorers:
     lost, rec = [], []
     with torch.no_grad():
         for i in val_idx:
-            ex = store.examples(ds[i], bank)
-            lost.append(lost_future_ratio(bank, [(recipe.cache.interval, ex)]))
-            rec.append(example_loss(bank, ex, cfg, recipe.cache.interval, torch.Generator().manual_seed(0))[1].mean().item())
+            rows = example_rows(bank, store.examples(ds[i], bank))
+            lost.append(lost_future_ratio([(recipe.cache.interval, rows)]))
+            rec.append(rows_loss(rows, cfg, recipe.cache.interval, torch.Generator().manual_seed(0))[1].mean().item())
     rows[d] = {"lost_future_ratio": sum(lost) / len(lost), "lost_future_ratio_ci": bootstrap_ci(lost),
                "recall_at_L": sum(rec) / len(rec), "per_trace_lost_future_ratio": lost}
     print(d, json.dumps({k: v for k, v in rows[d].items() if not k.startswith("per_trace")}), flush=True)
