@@ -143,6 +143,8 @@ class SFTConfig:
     ckpt_every: int = 50
     snapshots: bool = False  # also keep the scorers of every checkpoint as OUT/steps/step-NNNNNN (evaluable)
     seed: int = 0
+    example_seed: int | None = None  # which eviction steps of each trace are stored (example_steps > 0); null: `seed`.
+                                     # Set it to compare SFT seeds on the same stored examples (no new golden pass)
     deepspeed: str | None = None
     objective: str = "foresight"  # foresight (golden ranking, pairwise hinge) | kvpop (boundary loss, see `kvpop`)
     val_traces: int = 2  # the last traces of the dataset, held out for validation (at most a quarter of them)

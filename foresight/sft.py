@@ -116,6 +116,12 @@ def start_from(cfg, model, bank, log):
     return init
 
 
+def example_seed(cfg) -> int:
+    """The seed that picks each trace's stored eviction steps: ``sft.example_seed``, else ``sft.seed`` (so two seeds
+    of a setting share one golden store only when asked to)."""
+    return cfg.seed if cfg.example_seed is None else cfg.example_seed
+
+
 def onpolicy_store(cfg, recipe, model, init) -> GoldenStore | None:
     """``sft.onpolicy``: the store of the scorer ``init``'s own trajectory's states, labelled by golden (see
     :mod:`foresight.golden_store`); None without it."""
@@ -126,7 +132,7 @@ def onpolicy_store(cfg, recipe, model, init) -> GoldenStore | None:
     if cfg.budgets:
         raise ValueError(f"sft.onpolicy follows the scorer at the cache's budget only; leave sft.budgets "
                          f"({cfg.budgets!r}) empty")
-    return GoldenStore(model, recipe.cache, cfg.golden_pool, cfg.example_steps, cfg.seed, behaviour=init)
+    return GoldenStore(model, recipe.cache, cfg.golden_pool, cfg.example_steps, example_seed(cfg), behaviour=init)
 
 
 @locks_output("sft")
@@ -146,7 +152,7 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
 
     cache_examples: dict[tuple[int, int], list] = {}
     settings = training_settings(recipe)
-    stores = [GoldenStore(model, s, cfg.golden_pool, cfg.example_steps, cfg.seed) for s in settings] \
+    stores = [GoldenStore(model, s, cfg.golden_pool, cfg.example_steps, example_seed(cfg)) for s in settings] \
         if cfg.example_steps else []
     onpolicy = onpolicy_store(cfg, recipe, model, init)
     if rank == 0:  # every trace's examples at once, in batches (then shared by every rank)

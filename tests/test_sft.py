@@ -279,6 +279,30 @@ def test_stored_golden_examples_are_the_run_s_own_and_shared_between_runs(sft_se
     assert m["val_recall_at_L"] >= 0
 
 
+def test_example_seed_lets_another_sft_seed_reuse_the_stored_examples(sft_setup, tmp_path, monkeypatch):
+    """sft.example_seed: a second SFT seed that keeps the first's example seed reads the stored golden examples (none
+    computed) and still trains another scorer; without it, the seed picks other steps, in a store of its own."""
+    from foresight.checkpoint import load_scorer
+
+    monkeypatch.setenv("FORESIGHT_CACHE", str(tmp_path / "cache"))
+    r, tdir = sft_setup
+    base = [f"model.path={r.model.path}", *SETS, "sft.example_steps=2"]
+    run = lambda name, *extra: train_sft(load_recipe("recipes/tiny-qwen3.yaml", [*base, *extra]), tdir, tmp_path / name,
+                                         progress=False, log=lambda *_: None)
+    run("s0")
+    (folder,) = {p.parent for p in (tmp_path / "cache").rglob("trace-*.pt")}
+    stamps = {p: p.stat().st_mtime_ns for p in folder.glob("trace-*.pt")}
+    run("s1-shared", "sft.seed=1", "sft.example_seed=0")
+    assert {p.parent for p in (tmp_path / "cache").rglob("trace-*.pt")} == {folder}  # no other store
+    assert {p: p.stat().st_mtime_ns for p in folder.glob("trace-*.pt")} == stamps  # nothing recomputed
+    a, b = (load_scorer(tmp_path / n)[0] for n in ("s0", "s1-shared"))
+    assert not torch.equal(a.w1, b.w1)  # the seed still sets the initialisation and the batches
+    run("s1", "sft.seed=1")
+    assert len({p.parent for p in (tmp_path / "cache").rglob("trace-*.pt")}) == 2  # its own steps, its own store
+    with pytest.raises(ValueError, match="sft.example_seed"):
+        load_recipe("recipes/tiny-qwen3.yaml", [*base, "sft.example_seed=-1"])
+
+
 def test_onpolicy_states_follow_the_scorer_with_golden_labels(sft_setup, tmp_path, monkeypatch):
     """sft.onpolicy (a DAgger round): the store follows the given scorer's own top-L trajectory and labels its states
     with golden's future scores; SFT starts from that scorer and adds those states; bad settings are refused."""
