@@ -17,7 +17,8 @@ PLUMBING = {"training", "checkpoint", "plots", "methods", "references", "report"
             "golden_store", "eval_resume", "realbench_report", "paired", "compare", "trace_metrics", "grpo_objective",
             "grpo_rollout", "grpo_validation", "trace_references", "ranking"}
 STAGES = {"traces", "sft", "grpo", "kvpop.train", "evaluate"}
-ENTRY = {"", "cli", "__main__", "demo", "bench", "gpubench", "integrations", "kvpop", "opcount", "realbench", "predictability"}
+ENTRY = {"", "cli", "__main__", "demo", "bench", "gpubench", "integrations", "kvpop", "opcount", "realbench", "predictability",
+         "grpo_noise"}
 LAYERS = [PRIMITIVES, ENGINE, PLUMBING, STAGES, ENTRY]
 
 

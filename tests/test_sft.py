@@ -287,8 +287,11 @@ def test_example_seed_lets_another_sft_seed_reuse_the_stored_examples(sft_setup,
     monkeypatch.setenv("FORESIGHT_CACHE", str(tmp_path / "cache"))
     r, tdir = sft_setup
     base = [f"model.path={r.model.path}", *SETS, "sft.example_steps=2"]
-    run = lambda name, *extra: train_sft(load_recipe("recipes/tiny-qwen3.yaml", [*base, *extra]), tdir, tmp_path / name,
-                                         progress=False, log=lambda *_: None)
+
+    def run(name, *extra):
+        train_sft(load_recipe("recipes/tiny-qwen3.yaml", [*base, *extra]), tdir, tmp_path / name, progress=False,
+                  log=lambda *_: None)
+
     run("s0")
     (folder,) = {p.parent for p in (tmp_path / "cache").rglob("trace-*.pt")}
     stamps = {p: p.stat().st_mtime_ns for p in folder.glob("trace-*.pt")}
