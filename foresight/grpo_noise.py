@@ -1,29 +1,31 @@
 """How many traces a GRPO step needs: the gradient noise scale of GRPO's objective at a scorer (usually the SFT start).
 
-GRPO's step averages one gradient per trace (its group of G trajectories, their group-normalised advantages). Each
-trace's gradient ``g_i`` is the true gradient ``G`` plus noise of covariance ``Σ``; a step over ``n`` traces has
-signal ``|G|²`` and noise ``tr(Σ)/n``. The *noise scale* ``B_noise = tr(Σ) / |G|²`` (McCandlish et al. 2018, "An
-Empirical Model of Large-Batch Training") is the number of traces per step at which the two are equal: a step over
-far fewer traces is mostly noise, which Adam (per-coordinate normalised) turns into a random walk of the scorers'
-size ``lr`` per step. This measures it, from the first GRPO step's objective at the start (ratio 1, no clip, no KL
-gradient), on ``n`` training traces:
+A GRPO step averages one gradient per trace: a training trace drawn uniformly (with replacement), a group of G
+trajectories rolled out on it, their group-normalised advantages. Each draw's gradient ``g_i`` is the true gradient
+``G`` plus noise of covariance ``Σ``; a step over ``n`` draws has signal ``|G|²`` and noise ``tr(Σ)/n``. The *noise
+scale* ``B_noise = tr(Σ) / |G|²`` (McCandlish et al. 2018, "An Empirical Model of Large-Batch Training") is the number
+of draws per step at which the two are equal, and over a whole run the update's signal-to-noise grows with the draws
+it has seen in all, ~ (steps × traces per step) / B_noise. This measures it from the first GRPO step's objective at the
+start (ratio 1, no clip, no KL gradient) on ``n`` draws (``--traces-n``; a trace drawn twice gets two rollouts):
 
-* ``signal_sq``: an unbiased estimate of ``|G|²`` (``|ḡ|² − tr(Σ̂)/n``) with a 95% bootstrap interval over the
-  traces; an interval reaching 0 means the n traces together show no direction above their noise.
-* ``trace_cov``: ``tr(Σ̂)``, the per-trace noise; ``b_noise``: their ratio (None when the signal estimate is ≤ 0).
-* ``split_half_cosine``: the cosine between the mean gradients of two random halves of the traces (mean over 200
-  splits): near 0 when no two halves agree on a direction, near 1 when a step of n/2 traces already points the
-  same way as another.
-* the same for the **permuted control** (each group's rewards shuffled among its trajectories: the same advantages'
-  sizes without the information of which trajectory earned them), whose true gradient is 0: its signal interval
-  should reach 0 and its split-half cosine stay near 0, so the real one is told from chance.
-* ``flat_groups``: traces whose G rewards are all equal (a zero gradient).
+* ``signal_sq``: an unbiased estimate of ``|G|²`` (the mean of ``g_i · g_j`` over pairs of different draws) with a 95%
+  bootstrap interval over the draws; an interval reaching 0 means the n draws together show no direction above
+  their noise (then ``b_noise`` is a lower bound at best).
+* ``trace_cov``: ``tr(Σ̂)``, one draw's noise; ``b_noise``: their ratio (None when the signal estimate is ≤ 0).
+* ``split_half_cosine``: the cosine between the mean gradients of two random halves of the draws (mean over 200
+  splits): near 0 when two halves do not agree on a direction, near 1 when half the draws already fix it.
+* ``adam``: the same for gradients divided per coordinate by their root mean square over the draws (a stand-in for
+  Adam's ``√v``, which is what GRPO's optimiser steps by); ``by_tensor``: per parameter tensor of the scorers.
+* the **permuted control** (each group's rewards shuffled among its trajectories: advantages of the same sizes
+  without the information of which trajectory earned them), whose true gradient is 0: its signal interval should
+  reach 0 and its split-half cosine stay near 0, which tells the real figures from chance.
+* ``flat_groups``: draws whose G rewards are all equal (a zero gradient).
 
     python -m foresight.grpo_noise --recipe recipes/smollm2-135m-realbench.yaml --traces runs/rb/traces \\
         --init docs/results/smollm2-135m/scorers/sft-w256-gap --traces-n 32 --out runs/grpo-noise
 
-Each trace's two gradients are written to ``OUT/grads/`` as they finish (atomically: a killed run resumes from the
-traces it finished); ``OUT/summary.json`` holds the figures.
+Each draw's two gradients are written to ``OUT/grads/`` as they finish (atomically: a killed run resumes from the
+draws it finished; a run with more ``--traces-n`` adds to them); ``OUT/summary.json`` holds the figures.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from foresight.grpo_objective import group_advantage, step_objective, trajectory
 from foresight.grpo_rollout import group_rollout
 from foresight.grpo_validation import first_scored_token
 from foresight.models import load_model
-from foresight.paired import percentile_interval, resamples
+from foresight.paired import resamples
 from foresight.trace_data import load_traces
 from foresight.training import check_traces_model, split_traces
 
@@ -116,7 +118,8 @@ def noise_scale(gram: np.ndarray, seed: int = 0) -> dict:
         ab = gram[np.ix_(a, b)].sum()
         aa, bb = gram[np.ix_(a, a)].sum(), gram[np.ix_(b, b)].sum()
         cosines.append(ab / np.sqrt(max(aa * bb, 1e-300)))
-    return {"n": n, "signal_sq": sig, "signal_sq_ci": percentile_interval(boot), "trace_cov": float(cov),
+    lo, hi = np.percentile(boot, [2.5, 97.5])  # not percentile_interval: it rounds to 5 decimals, and |G|² can be 1e-6
+    return {"n": n, "signal_sq": sig, "signal_sq_ci": [float(lo), float(hi)], "trace_cov": float(cov),
             "b_noise": float(cov / sig) if sig > 0 else None, "split_half_cosine": float(np.mean(cosines)),
             "mean_grad_norm": float(np.sqrt(max(gram.sum() / n ** 2, 0.0))),
             "trace_grad_norm": float(np.sqrt(np.trace(gram) / n))}
@@ -145,6 +148,20 @@ def gram_of(vectors: list[torch.Tensor]) -> np.ndarray:
     return (m @ m.T).numpy()
 
 
+def figures(vectors: list[torch.Tensor], tensors: list[tuple[str, int]], seed: int) -> dict:
+    """:func:`noise_scale` of the draws' gradients, of their Adam-scaled version, and per parameter tensor."""
+    m = torch.stack([v.double() for v in vectors])
+    scaled = m / ((m ** 2).mean(0).sqrt() + 1e-30)
+    out = {**noise_scale((m @ m.T).numpy(), seed), "adam": noise_scale((scaled @ scaled.T).numpy(), seed),
+           "by_tensor": {}}
+    lo = 0
+    for name, size in tensors:
+        part = m[:, lo:lo + size]
+        lo += size
+        out["by_tensor"][name] = noise_scale((part @ part.T).numpy(), seed)
+    return out
+
+
 def run(recipe, traces_dir: Path, init: Path, out: Path, n: int, seed: int = 0, log=print) -> dict:
     """The noise scale on ``n`` training traces (drawn with ``seed``; each trace's rollout seeded by its draw), resuming
     from ``OUT/grads``; returns (and writes) the summary."""
@@ -159,15 +176,21 @@ def run(recipe, traces_dir: Path, init: Path, out: Path, n: int, seed: int = 0, 
     ds = load_traces(traces_dir)
     check_traces_model(ds, traces_dir, recipe, model)
     train_idx, _ = split_traces(len(ds), recipe.grpo.val_traces)
-    if n < 4 or n > len(train_idx):
-        raise ValueError(f"--traces-n must be between 4 and the {len(train_idx)} training traces, got {n}")
-    picked = random.Random(seed).sample(train_idx, n)
+    if n < 4:
+        raise ValueError(f"--traces-n must be at least 4, got {n}")
+    if not train_idx:
+        raise ValueError(f"{traces_dir} holds no training traces (all {len(ds)} are GRPO's validation traces)")
+    # draws as a GRPO step makes them: a uniform training trace (with replacement) and a fresh group rollout, so the
+    # n per-draw gradients are independent samples of what a step averages (and n may exceed the traces)
+    rng = random.Random(seed)
+    picked = [rng.choice(train_idx) for _ in range(n)]
     done, t0 = [], time.time()
+    tensors = [(name, p.numel()) for name, p in bank.named_parameters()]  # flat_grad's order
     for k, i in enumerate(picked):
-        f = out / "grads" / f"trace-{i:05d}.pt"
+        f = out / "grads" / f"draw-{k:05d}-trace-{i:05d}.pt"
         if not f.exists():
-            atomic.torch_save(trace_gradients(model, bank, ref, ds[i], recipe, seed * 1_000_003 + i), f)
-            log(f"[grpo-noise] trace {k + 1}/{n} ({time.time() - t0:.0f} s)")
+            atomic.torch_save(trace_gradients(model, bank, ref, ds[i], recipe, seed * 1_000_003 + k), f)
+            log(f"[grpo-noise] draw {k + 1}/{n} ({time.time() - t0:.0f} s)")
         done.append(torch.load(f, weights_only=False))
     summary = {"init": str(init), "traces": str(traces_dir), "trace_indices": picked, "seed": seed,
                "budget": recipe.cache.budget, "interval": recipe.cache.interval, "group": recipe.grpo.group,
@@ -175,22 +198,22 @@ def run(recipe, traces_dir: Path, init: Path, out: Path, n: int, seed: int = 0, 
                "flat_groups": sum(d["flat"] for d in done) / n,
                "reward_std_mean": float(np.mean([np.std(d["reward"], ddof=1) for d in done])),
                "group_overlap": float(np.mean([d["overlap"] for d in done])),
-               "real": noise_scale(gram_of([d["real"] for d in done]), seed),
-               "permuted": noise_scale(gram_of([d["permuted"] for d in done]), seed),
+               "real": figures([d["real"] for d in done], tensors, seed),
+               "permuted": figures([d["permuted"] for d in done], tensors, seed),
                "init_budget": init_cfg.get("budget")}
     atomic.write_json(out / "summary.json", summary, indent=1)
     return summary
 
 
 def table(s: dict) -> str:
-    rows = ["| advantages | signal |G|² [95% CI] | per-trace noise tr(Σ) | B_noise (traces per step) | split-half cosine |",
-            "|---|---|---|---|---|"]
+    rows = ["| advantages | gradient | signal |G|² [95% CI] | one draw's noise tr(Σ) | B_noise (draws) | split-half cosine |",
+            "|---|---|---|---|---|---|"]
     for name in ("real", "permuted"):
-        x = s[name]
-        b = "—" if x["b_noise"] is None else f"{x['b_noise']:.1f}"
-        rows.append(f"| {name} | {x['signal_sq']:.3g} [{x['signal_sq_ci'][0]:.3g}, {x['signal_sq_ci'][1]:.3g}] | "
-                    f"{x['trace_cov']:.3g} | {b} | {x['split_half_cosine']:.3f} |")
-    return (f"{s['real']['n']} traces at B={s['budget']}, L={s['interval']}, group {s['group']}; flat groups "
+        for kind, x in (("raw", s[name]), ("Adam-scaled", s[name]["adam"])):
+            b = "—" if x["b_noise"] is None else f"{x['b_noise']:.0f}"
+            rows.append(f"| {name} | {kind} | {x['signal_sq']:.3g} [{x['signal_sq_ci'][0]:.3g}, {x['signal_sq_ci'][1]:.3g}] | "
+                        f"{x['trace_cov']:.3g} | {b} | {x['split_half_cosine']:.3f} |")
+    return (f"{s['real']['n']} draws at B={s['budget']}, L={s['interval']}, group {s['group']}; flat groups "
             f"{s['flat_groups']:.2f}, mean reward std {s['reward_std_mean']:.4f}\n" + "\n".join(rows))
 
 
@@ -206,7 +229,6 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     s = run(load_recipe(a.recipe, a.overrides), a.traces, a.init, a.out, a.traces_n, a.seed)
     print(table(s))
-    print(json.dumps({k: s[k] for k in ("real", "permuted")}, indent=1))
     return 0
 
 

@@ -50,7 +50,7 @@ def test_noise_scale_of_a_tiny_model_resumes_and_refuses_other_settings(tiny_mod
     train_sft(r, tdir, tmp_path / "sft", progress=False, log=lambda *_: None)
     out = tmp_path / "noise"
     s = run(r, tdir, tmp_path / "sft", out, n=5, log=lambda *_: None)
-    files = sorted((out / "grads").glob("trace-*.pt"))
+    files = sorted((out / "grads").glob("draw-*.pt"))
     assert len(files) == 5 and json.loads((out / "summary.json").read_text()) == json.loads(json.dumps(s))
     g = [torch.load(f, weights_only=False) for f in files]
     informative = [x for x in g if not x["flat"]]
@@ -62,6 +62,12 @@ def test_noise_scale_of_a_tiny_model_resumes_and_refuses_other_settings(tiny_mod
             assert x["real"].abs().max() == 0
     assert np.allclose(gram_of([x["real"] for x in g]).diagonal(), [x["real"].double().norm().item() ** 2 for x in g])
     assert s["real"]["n"] == 5 and 0 <= s["flat_groups"] <= 1
+    # the per-tensor figures partition the coordinates: noise and signal add up to the whole gradient's
+    parts = s["real"]["by_tensor"]
+    assert set(parts) == {"ln_w", "ln_b", "w1", "b1", "w2"}
+    for k in ("trace_cov", "signal_sq"):
+        assert sum(p[k] for p in parts.values()) == pytest.approx(s["real"][k], rel=1e-6, abs=1e-12)
+    assert s["real"]["adam"]["n"] == 5 and s["real"]["adam"]["trace_cov"] > 0
     stamps = {f: f.stat().st_mtime_ns for f in files}
     again = run(r, tdir, tmp_path / "sft", out, n=5, log=lambda *_: None)  # resumed: nothing recomputed
     assert {f: f.stat().st_mtime_ns for f in files} == stamps and again["real"] == s["real"]
@@ -69,4 +75,4 @@ def test_noise_scale_of_a_tiny_model_resumes_and_refuses_other_settings(tiny_mod
         run(load_recipe("recipes/tiny-qwen3.yaml", [f"model.path={tiny_model_dir}", *SETS, "grpo.group=6"]), tdir,
             tmp_path / "sft", out, n=5, log=lambda *_: None)
     with pytest.raises(ValueError, match="traces-n"):
-        run(r, tdir, tmp_path / "sft", tmp_path / "other", n=50, log=lambda *_: None)
+        run(r, tdir, tmp_path / "sft", tmp_path / "other", n=3, log=lambda *_: None)
