@@ -163,8 +163,8 @@ def figures(vectors: list[torch.Tensor], tensors: list[tuple[str, int]], seed: i
 
 
 def run(recipe, traces_dir: Path, init: Path, out: Path, n: int, seed: int = 0, log=print) -> dict:
-    """The noise scale on ``n`` training traces (drawn with ``seed``; each trace's rollout seeded by its draw), resuming
-    from ``OUT/grads``; returns (and writes) the summary."""
+    """The noise scale from ``n`` draws (training traces drawn with ``seed``, each draw's rollout seeded by its number),
+    resuming from ``OUT/grads``; returns (and writes) the summary."""
     out = Path(out)
     (out / "grads").mkdir(parents=True, exist_ok=True)
     same_settings(out, {"init": str(init), "traces": str(traces_dir), "seed": seed, "cache": vars(recipe.cache),

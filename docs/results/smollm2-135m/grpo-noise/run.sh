@@ -6,11 +6,11 @@ set -e
 R=recipes/smollm2-135m-realbench.yaml
 python -m foresight traces --recipe $R --set traces.batch_size=64 --out runs/rb/traces
 python -m foresight.grpo_noise --recipe $R --traces runs/rb/traces --init docs/results/smollm2-135m/scorers/sft-w256-gap \
-    --traces-n 32 --out runs/s30/noise-b256
+    --traces-n 48 --out runs/s30/noise-b256
 python -m foresight.grpo_noise --recipe $R --traces runs/rb/traces --init docs/results/smollm2-135m/scorers/sft-w256-gap \
-    --traces-n 32 --set cache.budget=128 --out runs/s30/noise-b128
+    --traces-n 37 --set grpo.eta=0 --out runs/s30/noise-b256-eta0
 # the tiny teacher (make demo's first two stages)
 python -m foresight traces --recipe recipes/tiny-qwen3.yaml --out runs/tiny-qwen3/traces
 python -m foresight sft --recipe recipes/tiny-qwen3.yaml --traces runs/tiny-qwen3/traces --out runs/tiny-qwen3/sft
 python -m foresight.grpo_noise --recipe recipes/tiny-qwen3.yaml --traces runs/tiny-qwen3/traces --init runs/tiny-qwen3/sft \
-    --traces-n 32 --out runs/s30/noise-tiny
+    --traces-n 128 --out runs/s30/noise-tiny
