@@ -121,7 +121,7 @@ def noise_scale(gram: np.ndarray, seed: int = 0) -> dict:
     lo, hi = np.percentile(boot, [2.5, 97.5])  # not percentile_interval: it rounds to 5 decimals, and |G|² can be 1e-6
     return {"n": n, "signal_sq": sig, "signal_sq_ci": [float(lo), float(hi)], "trace_cov": float(cov),
             "b_noise": float(cov / sig) if sig > 0 else None, "split_half_cosine": float(np.mean(cosines)),
-            "mean_grad_norm": float(np.sqrt(max(gram.sum() / n ** 2, 0.0))),
+            "mean_grad_norm": float(np.sqrt(max(mean_sq, 0.0))),
             "trace_grad_norm": float(np.sqrt(np.trace(gram) / n))}
 
 
@@ -143,8 +143,8 @@ def same_settings(out: Path, settings: dict) -> None:
         atomic.write_json(f, settings, indent=1)
 
 
-def gram_of(vectors: list[torch.Tensor]) -> np.ndarray:
-    m = torch.stack([v.double() for v in vectors])
+def gram_of(m: torch.Tensor) -> np.ndarray:
+    """``m`` [n, d] (one gradient per row) -> its Gram matrix ``m @ m.T`` [n, n]."""
     return (m @ m.T).numpy()
 
 
@@ -152,19 +152,19 @@ def figures(vectors: list[torch.Tensor], tensors: list[tuple[str, int]], seed: i
     """:func:`noise_scale` of the draws' gradients, of their Adam-scaled version, and per parameter tensor."""
     m = torch.stack([v.double() for v in vectors])
     scaled = m / ((m ** 2).mean(0).sqrt() + 1e-30)
-    out = {**noise_scale((m @ m.T).numpy(), seed), "adam": noise_scale((scaled @ scaled.T).numpy(), seed),
-           "by_tensor": {}}
+    out = {**noise_scale(gram_of(m), seed), "adam": noise_scale(gram_of(scaled), seed), "by_tensor": {}}
     lo = 0
     for name, size in tensors:
-        part = m[:, lo:lo + size]
+        out["by_tensor"][name] = noise_scale(gram_of(m[:, lo:lo + size]), seed)
         lo += size
-        out["by_tensor"][name] = noise_scale((part @ part.T).numpy(), seed)
     return out
 
 
 def run(recipe, traces_dir: Path, init: Path, out: Path, n: int, seed: int = 0, log=print) -> dict:
     """The noise scale from ``n`` draws (training traces drawn with ``seed``, each draw's rollout seeded by its number),
     resuming from ``OUT/grads``; returns (and writes) the summary."""
+    if n < 4:
+        raise ValueError(f"--traces-n must be at least 4, got {n}")
     out = Path(out)
     (out / "grads").mkdir(parents=True, exist_ok=True)
     same_settings(out, {"init": str(init), "traces": str(traces_dir), "seed": seed, "cache": vars(recipe.cache),
@@ -176,8 +176,6 @@ def run(recipe, traces_dir: Path, init: Path, out: Path, n: int, seed: int = 0, 
     ds = load_traces(traces_dir)
     check_traces_model(ds, traces_dir, recipe, model)
     train_idx, _ = split_traces(len(ds), recipe.grpo.val_traces)
-    if n < 4:
-        raise ValueError(f"--traces-n must be at least 4, got {n}")
     if not train_idx:
         raise ValueError(f"{traces_dir} holds no training traces (all {len(ds)} are GRPO's validation traces)")
     # draws as a GRPO step makes them: a uniform training trace (with replacement) and a fresh group rollout, so the

@@ -60,7 +60,8 @@ def test_noise_scale_of_a_tiny_model_resumes_and_refuses_other_settings(tiny_mod
     for x in g:
         if x["flat"]:  # equal rewards: zero advantages, and at the start the KL term has no gradient either
             assert x["real"].abs().max() == 0
-    assert np.allclose(gram_of([x["real"] for x in g]).diagonal(), [x["real"].double().norm().item() ** 2 for x in g])
+    real = torch.stack([x["real"].double() for x in g])
+    assert np.allclose(gram_of(real).diagonal(), [v.norm().item() ** 2 for v in real])
     assert s["real"]["n"] == 5 and 0 <= s["flat_groups"] <= 1
     # the per-tensor figures partition the coordinates: noise and signal add up to the whole gradient's
     parts = s["real"]["by_tensor"]
