@@ -40,7 +40,7 @@ from foresight.ranking import lost_future, pairwise_hinge, recall_at_l
 from foresight.report import bootstrap_ci
 from foresight.scorer import ScorerBank, bank_for_model
 from foresight.trace_data import training_fingerprints
-from foresight.training import finish_run, full_state_dict, load_stage_inputs, optimizer_step, progress_bar, \
+from foresight.training import finish_run, full_state_dict, load_stage_inputs, mean_step, progress_bar, \
     resumed_extra, run_identity, save_progress, save_snapshot, setup_training, summary_writer, train_plan
 
 
@@ -188,14 +188,11 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
         rng = random.Random(cfg.seed * 1_000_003 + step)
         batch = [rng.choice(train_idx) for _ in range(cfg.batch_traces)]
         mine = batch[rank::world]
-        gen = torch.Generator().manual_seed(cfg.seed * 7 + step)
-        losses, recalls = [], []
-        for i in mine:
-            loss, rec = budgets_loss(bank, groups_for(i), cfg, gen)
-            losses.append(loss)
-            recalls.append(rec)
-        loss = torch.stack(losses).mean()
-        optimizer_step(loss, bank, opt, engine, cfg.grad_clip)
+        gen = torch.Generator().manual_seed(cfg.seed * 7 + step)  # drawn from in the batch's order
+        per_trace = mean_step(mine, lambda i: budgets_loss(bank, groups_for(i), cfg, gen), bank, opt, engine,
+                              cfg.grad_clip)
+        loss = torch.stack([x for x, _ in per_trace]).mean()
+        recalls = [r for _, r in per_trace]
         if engine is None:
             sched.step()  # under DeepSpeed the engine steps the schedule it was given
         rec = torch.stack(recalls).mean(0)

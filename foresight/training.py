@@ -6,9 +6,10 @@
   schedule (linear warm-up, then cosine or constant: :func:`lr_lambda`), checkpoint interval, DeepSpeed.
 * **Setup** (:func:`setup_training`): Adam, the schedule, ``--resume`` from ``OUT/ckpt/state.pt``
   (:func:`load_checkpoint`; a folder that already holds a run is refused without it) and the DeepSpeed engine.
-* **Steps** (:func:`optimizer_step`, :func:`save_progress`): backward and one optimiser step (through DeepSpeed
-  when it wraps the scorers); the resumable state every ``ckpt_every`` steps and at the end, written atomically
-  (:func:`foresight.atomic.torch_save`) by rank 0.
+* **Steps** (:func:`optimizer_step`, :func:`mean_step`, :func:`save_progress`): backward and one optimiser step
+  (through DeepSpeed when it wraps the scorers; :func:`mean_step` frees each item's graph before the next); the
+  resumable state every ``ckpt_every`` steps and at the end, written atomically (:func:`foresight.atomic.torch_save`)
+  by rank 0.
 * **Snapshots** (:func:`save_snapshot`): with ``snapshots: true``, a standalone scorer checkpoint at every checkpoint
   step (``OUT/steps/step-NNNNNN``), for a held-out curve of the run.
 * **End** (:func:`finish_run`): the standalone scorer checkpoint (:func:`foresight.checkpoint.save_scorer`),
@@ -247,6 +248,27 @@ def optimizer_step(loss, bank, opt, engine, grad_clip: float) -> None:
     loss.backward()
     torch.nn.utils.clip_grad_norm_(bank.parameters(), grad_clip)
     opt.step()
+
+
+def mean_step(items, loss_of, bank, opt, engine, grad_clip: float) -> list:
+    """One optimiser step on the mean over ``items`` of ``loss_of(item) -> (loss, extra)``; returns each item's
+    ``(detached loss, extra)``. Outside DeepSpeed each item's loss is backpropagated as it comes (scaled by
+    ``1/len(items)``), so only one item's graph is alive at a time — the peak memory of one item, not of the whole
+    batch — and the gradient is that of the mean (up to float summation order). Under DeepSpeed, whose engine takes one
+    backward per step, the losses are stacked into the mean first."""
+    if engine is not None:
+        out = [loss_of(item) for item in items]
+        optimizer_step(torch.stack([loss for loss, _ in out]).mean(), bank, opt, engine, grad_clip)
+        return [(loss.detach(), extra) for loss, extra in out]
+    opt.zero_grad(set_to_none=True)
+    out = []
+    for item in items:
+        loss, extra = loss_of(item)
+        (loss / len(items)).backward()
+        out.append((loss.detach(), extra))
+    torch.nn.utils.clip_grad_norm_(bank.parameters(), grad_clip)
+    opt.step()
+    return out
 
 
 def save_progress(step: int, plan: TrainPlan, module, opt, sched, engine, ckpt: Path, rank: int,

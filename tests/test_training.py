@@ -9,7 +9,8 @@ from foresight import atomic
 from foresight.checkpoint import load_scorer
 from foresight.config import GRPOConfig, SFTConfig, load_recipe
 from foresight.scorer import bank_for_model
-from foresight.training import TrainPlan, finish_run, full_state_dict, load_checkpoint, lr_lambda, optimizer_step, \
+from foresight.training import TrainPlan, finish_run, full_state_dict, load_checkpoint, lr_lambda, mean_step, \
+    optimizer_step, \
     progress_bar, save_progress, setup_training, split_traces, summary_writer, train_plan
 
 
@@ -114,6 +115,23 @@ def test_optimizer_step_clips_the_gradient():
     optimizer_step((m(torch.full((1, 4), 100.0)) * 100).sum(), m, opt, None, grad_clip=0.5)
     assert (m.weight.detach() - before).norm().item() == pytest.approx(0.5, rel=1e-5)
     assert full_state_dict(m, None)["weight"] is not m.weight
+
+
+def test_mean_step_takes_the_mean_gradient_one_item_graph_at_a_time():
+    """SFT's step: the same update as one backward of the stacked mean, but each item's graph is backpropagated (and
+    freed) before the next item's is built: the hook on the weight fires once per item, not once per step."""
+    torch.manual_seed(0)
+    xs = [torch.randn(3, 4) for _ in range(4)]
+    a, b = torch.nn.Linear(4, 2), torch.nn.Linear(4, 2)
+    b.load_state_dict(a.state_dict())
+    opt_a, opt_b = torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)  # scale-sensitive
+    before, calls = a.weight.detach().clone(), []
+    a.weight.register_hook(lambda g: calls.append(1))
+    out = mean_step(xs, lambda x: (a(x).pow(2).sum(), x.shape[0]), a, opt_a, None, grad_clip=1e6)
+    optimizer_step(torch.stack([b(x).pow(2).sum() for x in xs]).mean(), b, opt_b, None, grad_clip=1e6)
+    assert len(calls) == len(xs) and not torch.allclose(a.weight, before)
+    assert torch.allclose(a.weight, b.weight, atol=1e-6) and torch.allclose(a.bias, b.bias, atol=1e-6)
+    assert [e for _, e in out] == [3] * 4 and all(not loss.requires_grad for loss, _ in out)
 
 
 def test_writer_and_bar_only_on_rank_zero(tmp_path):
