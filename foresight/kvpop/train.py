@@ -34,7 +34,7 @@ from foresight.kvpop.target import kvpop_targets
 from foresight.locks import locks_output
 from foresight.kvpop.topk import boundary_pairs, topk_recall, trace_priority
 from foresight.trace_data import training_fingerprints
-from foresight.training import finish_run, full_state_dict, load_stage_inputs, optimizer_step, progress_bar, \
+from foresight.training import finish_run, full_state_dict, load_stage_inputs, mean_step, progress_bar, \
     resumed_extra, run_identity, save_progress, save_snapshot, setup_training, summary_writer, train_plan
 
 
@@ -110,8 +110,8 @@ def train_kvpop(recipe, traces_dir, out, resume: bool = False, deepspeed_config=
     for step in bar:
         rng = random.Random(cfg.seed * 1_000_003 + step)
         batch = [rng.choice(train_idx) for _ in range(cfg.batch_traces)]
-        losses, accs = [], []
-        for j in range(rank, len(batch), world):  # each trace's query sample depends on (step, slot), not the rank
+
+        def trace_loss(j, step=step, batch=batch):  # each trace's query sample depends on (step, slot), not the rank
             ex = example(batch[j])
             nq = len(ex["q"])
             idx = None
@@ -119,11 +119,11 @@ def train_kvpop(recipe, traces_dir, out, resume: bool = False, deepspeed_config=
                 gen = torch.Generator().manual_seed((cfg.seed * 1_000_003 + step) * 64 + j)
                 idx = torch.randperm(nq, generator=gen)[: kvpop_cfg.queries_per_trace]
             p_hat = scorer.sequence_priorities(ex["keys"].to(device), ex["values"].to(device))
-            loss, acc = boundary_loss(p_hat, ex, kvpop_cfg, idx)
-            losses.append(loss)
-            accs.append(acc)
-        loss = torch.stack(losses).mean()
-        optimizer_step(loss, scorer, opt, engine, cfg.grad_clip)
+            return boundary_loss(p_hat, ex, kvpop_cfg, idx)
+
+        per_trace = mean_step(range(rank, len(batch), world), trace_loss, scorer, opt, engine, cfg.grad_clip)
+        loss = torch.stack([x for x, _ in per_trace]).mean()
+        accs = [a for _, a in per_trace]
         if engine is None:
             sched.step()
         last = {"loss": loss.item(), "boundary_acc": torch.stack(accs).mean().item(), "lr": opt.param_groups[0]["lr"]}
