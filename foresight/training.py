@@ -246,6 +246,11 @@ def optimizer_step(loss, bank, opt, engine, grad_clip: float) -> None:
         return
     opt.zero_grad(set_to_none=True)
     loss.backward()
+    _clipped_step(bank, opt, grad_clip)
+
+
+def _clipped_step(bank, opt, grad_clip: float) -> None:
+    """The gradients accumulated in ``bank`` clipped to norm ``grad_clip``, then one optimiser step."""
     torch.nn.utils.clip_grad_norm_(bank.parameters(), grad_clip)
     opt.step()
 
@@ -266,8 +271,7 @@ def mean_step(items, loss_of, bank, opt, engine, grad_clip: float) -> list:
         loss, extra = loss_of(item)
         (loss / len(items)).backward()
         out.append((loss.detach(), extra))
-    torch.nn.utils.clip_grad_norm_(bank.parameters(), grad_clip)
-    opt.step()
+    _clipped_step(bank, opt, grad_clip)
     return out
 
 
