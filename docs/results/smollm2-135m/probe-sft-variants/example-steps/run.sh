@@ -9,3 +9,5 @@ V="--recipe $R --traces $T --set sft.val_traces=32 --set eval.num_problems=32 --
 python -m foresight eval $V --scorers $O/sft-s4 --scorers $O/sft-s12 --out $O/val-s4-s12
 python -m foresight compare $O/val-s4-s12 $O/val-s4-s12 --base-method 'foresight-sft' --method 'foresight-sft(sft-s12)'
 python -m foresight sft $S --set sft.seed=1 --set sft.example_seed=0 --out $O/sft-s4-seed1  # the seed control, same stored steps
+python -m foresight eval $V --scorers $O/sft-s4-seed1 --out $O/val-s4-seed1
+python -m foresight compare $O/val-s4-s12 $O/val-s4-seed1 --base-method foresight-sft --method foresight-sft
