@@ -3,8 +3,8 @@
 A prompt longer than the budget is consumed at most L tokens at a time with eviction in between, so peak
 memory stays at ``B + L`` pairs per head (the primer's "prefill pitfall": prefilling the whole prompt first
 would hold all of it). Batched generation takes left-padded prompts (``attention_mask`` 0 = padding).
-``policy=None`` runs the plain full cache (transformers' ``StaticCache``, allocated once for prompt plus new tokens,
-and SDPA), the reference point.
+``policy=None`` runs the plain full cache (:class:`~foresight.full_cache.PreallocatedCache`, allocated once for prompt
+plus new tokens, attending over the filled part only, and SDPA), the reference point.
 """
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-from transformers import StaticCache
-
 from foresight.config import EvictionSettings
+from foresight.full_cache import PreallocatedCache
 from foresight.recorded import capture_for, model_step
 from foresight.rollout import forward_chunks, make_cache
 from foresight.static_step import StaticDecoder
@@ -132,8 +131,8 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     mask = attention_mask.bool()
-    if policy is None:  # the full cache, allocated once: a growing DynamicCache copies every layer at every token
-        cache = StaticCache(config=model.config, max_cache_len=P + max_new_tokens)
+    if policy is None:  # the full cache, allocated once (a DynamicCache copies every layer at every token), attending
+        cache = PreallocatedCache(model.config, P + max_new_tokens)  # over its filled part (a StaticCache: all of it)
     else:
         cache = make_cache(model, policy, settings, prompt_len=P, generator=generator)
     logits = None

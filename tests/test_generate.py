@@ -46,13 +46,13 @@ def test_min_tokens_keeps_eos_out_until_the_minimum(qwen3):
 
 
 def test_full_cache_generation_is_preallocated_and_equals_the_growing_cache(qwen3):
-    from transformers import StaticCache
+    from foresight.full_cache import PreallocatedCache
 
     ids = torch.randint(8, 170, (2, 16))
     mask = torch.ones_like(ids)
     mask[0, :5] = 0  # left padding
     out = generate(qwen3, ids, mask, max_new_tokens=24)
-    assert isinstance(out.cache, StaticCache)
+    assert isinstance(out.cache, PreallocatedCache)
     ref = qwen3.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False)  # transformers' DynamicCache
     assert torch.equal(out.sequences, ref)
 

@@ -10,7 +10,7 @@ PKG = Path(__file__).resolve().parents[1] / "foresight"
 
 PRIMITIVES = {"config", "features", "selection", "shapes", "atomic", "handoff", "slot_attention", "statistics", "eviction",
               "view", "slots", "cache", "attention", "distributed", "reward", "prompts", "trace_data", "validation", "locks",
-              "serving", "layer_handle", "recipe_yaml"}
+              "serving", "layer_handle", "recipe_yaml", "full_cache"}
 ENGINE = {"models", "rollout", "generate", "static_step", "recorded", "golden", "scorer", "policies", "kvpop.topk",
           "kvpop.target", "kvpop.scorers"}
 PLUMBING = {"training", "checkpoint", "plots", "methods", "references", "report", "divergence", "styles", "completions",
