@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+
 from foresight.config import EvictionSettings
 from foresight.full_cache import PreallocatedCache
 from foresight.recorded import capture_for, model_step
