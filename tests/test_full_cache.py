@@ -33,6 +33,7 @@ def test_decoding_reads_the_filled_prefix_only_and_equals_the_dynamic_cache(qwen
     layers = qwen3.config.num_hidden_layers
     # prefill: 10 keys; then step t reads 10 + t keys, never the capacity of 30 (a StaticCache reads 30 every time)
     assert seen == [n for n in range(10, 30) for _ in range(layers)]
+    assert isinstance(out.cache, PreallocatedCache)
     layer = out.cache.layers[0]
     assert layer._k.shape[-2] == 30 and layer.keys.data_ptr() == layer._k.data_ptr()  # a view of the one buffer
     monkeypatch.undo()

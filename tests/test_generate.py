@@ -1,4 +1,5 @@
-"""Generation's sampling and length control: the top-k draw, ``min_tokens``, the preallocated full cache."""
+"""Generation's sampling and length control: the top-k draw, ``min_tokens``, EOS checks (the preallocated full
+cache: tests/test_full_cache.py)."""
 
 import dataclasses
 
@@ -43,18 +44,6 @@ def test_min_tokens_keeps_eos_out_until_the_minimum(qwen3):
     sampled = generate(qwen3, ids, max_new_tokens=20, generator=torch.Generator().manual_seed(0),
                        decoding=Decoding(do_sample=True, top_k=5, eos_token_id=eos, min_tokens=12))
     assert not (sampled.new_tokens[:, :12] == eos).any()
-
-
-def test_full_cache_generation_is_preallocated_and_equals_the_growing_cache(qwen3):
-    from foresight.full_cache import PreallocatedCache
-
-    ids = torch.randint(8, 170, (2, 16))
-    mask = torch.ones_like(ids)
-    mask[0, :5] = 0  # left padding
-    out = generate(qwen3, ids, mask, max_new_tokens=24)
-    assert isinstance(out.cache, PreallocatedCache)
-    ref = qwen3.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False)  # transformers' DynamicCache
-    assert torch.equal(out.sequences, ref)
 
 
 def test_checking_for_eos_every_few_tokens_returns_what_a_check_per_token_returns(qwen3, monkeypatch):
