@@ -43,6 +43,7 @@ class BoundedCache(Cache):
     def __init__(self, config, policy=None, settings: EvictionSettings | None = None, prompt_len: int | None = None,
                  recorder=None, generator: torch.Generator | None = None):
         self._text_config = text_config(config)
+        self.model_config = config  # for a fork (foresight.cache_fork)
         shape = AttentionShape.of(config)
         self.num_layers, self.q_heads, self.kv_heads = shape.num_layers, shape.q_heads, shape.kv_heads
         self.head_dim, self.group = shape.head_dim, shape.group
@@ -56,6 +57,7 @@ class BoundedCache(Cache):
         if not self.full:
             settings.validate()
         self.settings = settings  # as resolved for this cache (a policy's layout; the prompt-overflow fallback)
+        self.resolved = settings  # the same before the storage's allocation may apply the prompt-overflow fallback
         self.window = settings.interval if window is None else window
         self.policy, self.prompt_len, self.recorder, self.generator = policy, prompt_len, recorder, generator
         accumulations(getattr(policy, "reads", None))  # an unknown statistic fails here, not mid-rollout
@@ -140,17 +142,20 @@ class BoundedCache(Cache):
                                  f"B={st.budget}; raise the budget or set cache.prompt_overflow=evict to evict inside "
                                  "the prompt")
             self.settings = st.replace(protect_prompt=False)  # prompt_overflow=evict: the prompt is evicted as usual
-        # only what the policy reads is accumulated; everything for a full cache or when steps are recorded
-        reads = None if (self.full or self.recorder is not None) else getattr(self.policy, "reads", None)
         cap = max(self.capacity, key_states.shape[-2], 1) if not self.full else max(key_states.shape[-2], 64)
         nl, h, d = self.num_layers, self.kv_heads, self.head_dim
         self.slots = SlotStore(nl, b, h, d, cap, dev, dt)
         W = features.QUERY_WINDOW  # decoding queries wait at most until the next eviction
-        self.stats = SlotStatistics(accumulations(reads), nl, b, h, self.q_heads, d, cap,
+        self.stats = SlotStatistics(self.accumulated(), nl, b, h, self.q_heads, d, cap,
                                     pending=W if self.full else max(self.settings.interval, W), device=dev, dtype=dt,
                                     newest_kept=self.full or self.window >= W)
         self.first_real = torch.full((b,), -1, device=dev, dtype=torch.long)
         self._all_started = False
+
+    def accumulated(self) -> frozenset:
+        """What this cache accumulates: what the policy reads; everything for a full cache or when steps are recorded."""
+        reads = None if (self.full or self.recorder is not None) else getattr(self.policy, "reads", None)
+        return accumulations(reads)
 
     @property
     def keys(self) -> torch.Tensor:  # [nl, b, h, capacity, d]

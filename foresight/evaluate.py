@@ -53,14 +53,16 @@ from foresight.references import make_batch, reference_traces, stack_padded, tra
 from foresight.report import results_table
 from foresight.rollout import rollout
 from foresight.selection import top_indices, topk_overlap
+from foresight.shared_prefixes import SharedPrefixes
 from foresight.trace_references import check_references_unseen, validation_references
 from foresight.trace_metrics import TraceMetrics
 from foresight.validation import parse_budgets
 
 
 def teacher_forced(method: Method, model, batch: dict, settings: EvictionSettings, seed: int, future=None,
-                   priorities=None):
-    """Per-token losses [b, S] of a batch of traces under the method, and the mean pairs held per row [b]."""
+                   priorities=None, prefixes: SharedPrefixes | None = None, batch_key=None):
+    """Per-token losses [b, S] of a batch of traces under the method, and the mean pairs held per row [b];
+    ``prefixes``: the budget's shared prefixes (the batch's is ``batch_key``), to continue from."""
     if method.is_full:
         return batch["loss"], torch.tensor(batch["lengths"], dtype=torch.float32)
     if method.kind == "kvpop-oracle":
@@ -68,8 +70,10 @@ def teacher_forced(method: Method, model, batch: dict, settings: EvictionSetting
     else:
         pol = GoldenPolicy(future) if method.kind == "golden" else method.make_policy()
     gen = torch.Generator(device=batch["ids"].device).manual_seed(seed)
+    prefix = prefixes.get(pol, settings, batch, batch_key) if prefixes is not None else None
     res = rollout(model, batch["ids"], pol, settings, prompt_len=batch["prompt_lens"][0],
-                  attention_mask=batch["mask"], generator=gen, full=(batch["loss"], batch["entropy"]), entropy=False)
+                  attention_mask=batch["mask"], generator=gen, full=(batch["loss"], batch["entropy"]), entropy=False,
+                  prefix=prefix)
     return res.token_loss, res.held_per_row.cpu()
 
 
@@ -83,9 +87,11 @@ class GoldenPass:
     recalls: dict
 
 
-def golden_pass(methods: list[Method], model, batch: dict, settings: EvictionSettings, future, seed) -> GoldenPass:
+def golden_pass(methods: list[Method], model, batch: dict, settings: EvictionSettings, future, seed,
+                prefixes: SharedPrefixes | None = None, batch_key=None) -> GoldenPass:
     """Roll the batch along the golden trajectory once; at each step, every method scores the same view (with its
-    own generator) and its top-L is compared with golden's L: |method's ∩ golden's| / L over layers and heads."""
+    own generator) and its top-L is compared with golden's L: |method's ∩ golden's| / L over layers and heads.
+    ``prefixes``, ``batch_key``: as :func:`teacher_forced`'s."""
     scored = [m for m in methods if not (m.is_full or m.teacher_forced_only or m.stateful)]
     hits = {m.name: [] for m in methods}  # a stateful scorer (KVpop mLSTM) cannot score a trajectory it did not observe
     dev = batch["ids"].device
@@ -106,9 +112,11 @@ def golden_pass(methods: list[Method], model, batch: dict, settings: EvictionSet
             per_row, keep_row = overlap.mean((0, 2)).tolist(), keep.mean((0, 2)).tolist()  # [b]
             hits[name].extend((r, per_row[r], keep_row[r]) for r in live)
 
-    res = rollout(model, batch["ids"], GoldenPolicy(future), settings, prompt_len=batch["prompt_lens"][0],
+    golden = GoldenPolicy(future)
+    prefix = prefixes.get(golden, settings, batch, batch_key, recording=bool(scorers)) if prefixes is not None else None
+    res = rollout(model, batch["ids"], golden, settings, prompt_len=batch["prompt_lens"][0],
                   attention_mask=batch["mask"], recorder=rec if scorers else None,
-                  full=(batch["loss"], batch["entropy"]), entropy=False)
+                  full=(batch["loss"], batch["entropy"]), entropy=False, prefix=prefix)
     return GoldenPass(res.token_loss, res.held_per_row.cpu(), hits)
 
 
@@ -225,7 +233,8 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
         if key not in shared_passes:
             group = [x for x in meths if (x.name, B, L) not in done and x.protect_prompt == m.protect_prompt
                      and along_golden(x.settings(B, L, "evict")) == settings]
-            shared_passes[key] = golden_pass(group, model, batch, settings, future, seed)
+            shared_passes[key] = golden_pass(group, model, batch, settings, future, seed, prefixes,
+                                             (m.protect_prompt, bi))
         return shared_passes[key]
 
     from tqdm import tqdm
@@ -241,8 +250,11 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
             "references": f"validation traces of {eval_cfg.traces}" if eval_cfg.traces else "held-out",
             "references_with_a_training_prompt": seen_prompts}
     atomic.write_json(out / "meta.json", meta, indent=1)  # with the rows finished so far, a stopped run can be reported
+    prefixes = SharedPrefixes(model)  # the part before the first eviction, run once per batch and budget
     for m, B, L in jobs:
         bar.set_postfix(method=m.name, budget=f"{B}:{L}")
+        if prefixes.budget != (B, L):
+            prefixes.clear((B, L))
         batches = batchings[m.protect_prompt]
         if (m.name, B, L) in done:
             rows.append(done[(m.name, B, L)])
@@ -267,7 +279,8 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
                 gp = golden_pass_for(m, B, L, settings, bi, batch, future, seed)
                 loss, held = gp.loss, gp.held
             else:
-                loss, held = teacher_forced(m, model, batch, settings, seed, future, prio)
+                loss, held = teacher_forced(m, model, batch, settings, seed, future, prio, prefixes,
+                                            (m.protect_prompt, bi))
             metrics.add(loss, held, batch, protect_label is True, settings)
             along |= {i: loss[r, :n] for r, (i, n) in enumerate(zip(batch["members"], batch["lengths"]))}  # views
             if future is not None:

@@ -8,7 +8,7 @@ import torch
 
 from foresight.config import EvictionSettings
 from foresight.grpo_objective import action_logprob
-from foresight.rollout import rollout
+from foresight.rollout import rollout, shared_prefix
 from foresight.scorer import LearnedPolicy
 from foresight.selection import candidate_window
 
@@ -52,6 +52,9 @@ def group_rollout(model, bank, ids: torch.Tensor, G: int, settings: EvictionSett
         overlaps.append(evicted_overlap(st["token"].gather(-1, st["chosen"])))
 
     sampled = settings.replace(selection="sample", temperature=temperature)
+    # the G rows are the same trace: up to the first eviction (nothing is drawn before it) one row is fed, then its
+    # cache is repeated G times (foresight.cache_fork)
+    prefix = shared_prefix(model, ids, sampled, prompt_len=prompt_len, probabilities=True) if ids.shape[0] == 1 else None
     res = rollout(model, ids.expand(G, -1), LearnedPolicy(bank), sampled, prompt_len=prompt_len, generator=generator,
-                  recorder=rec)
+                  recorder=rec, prefix=prefix)
     return res, steps, torch.stack(overlaps).mean().item() if overlaps else 0.0

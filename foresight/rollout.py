@@ -20,6 +20,7 @@ import torch
 from transformers import DynamicCache
 
 from foresight.cache import BoundedCache
+from foresight.cache_fork import PrefixPolicy, fork
 from foresight.config import EvictionSettings
 from foresight.recorded import RecordedChunks, capture_for, model_step
 
@@ -69,7 +70,7 @@ def last_position(q: int, device) -> torch.Tensor:
 
 
 def forward_chunks(model, cache, input_ids: torch.Tensor, mask: torch.Tensor, chunk: int, logits_from: int = 0,
-                   step: str | None = None):
+                   step: str | None = None, start: int = 0, before_eviction: bool = False):
     """Feed ``input_ids`` [b, S] (``mask`` bool [b, S], False = left padding) through ``model`` in chunks: up to
     each eviction point of a :class:`BoundedCache`, ``chunk`` tokens at a time for a full cache. Yields
     ``(start, end, logits [b, end - start, V])``; a chunk that ends at or before ``logits_from`` yields only its last
@@ -77,15 +78,18 @@ def forward_chunks(model, cache, input_ids: torch.Tensor, mask: torch.Tensor, ch
 
     ``step="graph"`` (bounded caches): chunks that repeat (same size, slots and layout: every chunk after the first
     eviction) are recorded once and replayed (:class:`~foresight.recorded.RecordedChunks`); their logits are then a
-    buffer the next chunk overwrites. ``None``: the model's (:func:`foresight.recorded.set_model_step`)."""
+    buffer the next chunk overwrites. ``None``: the model's (:func:`foresight.recorded.set_model_step`).
+
+    ``start``: the first token to feed (a cache forked after a shared prefix, :mod:`foresight.cache_fork`);
+    ``before_eviction``: stop where the next chunk would evict (a bounded cache's prefix pass)."""
     step = model_step(model, step)
     S = input_ids.shape[1]
     positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
     bounded = isinstance(cache, BoundedCache)
     recorded = RecordedChunks(model, cache, capture_for(input_ids.device)) if bounded and step == "graph" else None
     all_real = bounded and bool(mask.all())  # checked once here, not by the cache on every chunk
-    s = 0
-    while s < S:
+    s = start
+    while s < S and not (before_eviction and cache.steps == 0 and cache.slots is not None and cache.n >= cache.capacity):
         q = cache.next_chunk(S - s) if bounded else min(chunk, S - s)
         kw = cache.feed(mask[:, s:s + q], all_real) if bounded else {"attention_mask": mask[:, : s + q].long()}
         extra = {"logits_to_keep": last_position(q, input_ids.device)} if s + q <= logits_from else {}
@@ -98,11 +102,97 @@ def forward_chunks(model, cache, input_ids: torch.Tensor, mask: torch.Tensor, ch
         s += q
 
 
+@dataclasses.dataclass
+class _Progress:
+    """A teacher-forced pass's running results: per-token losses and entropies [b, S] so far, the last fed position's
+    logits [b, 1, V] (they predict the next chunk's first token) and the slots held so far."""
+
+    loss: torch.Tensor
+    ent: torch.Tensor
+    prev_logits: torch.Tensor | None
+    held_sum: float
+    held_rows: torch.Tensor
+
+    @classmethod
+    def empty(cls, b: int, S: int, dev) -> "_Progress":
+        return cls(torch.zeros(b, S, device=dev), torch.zeros(b, S, device=dev), None, 0.0, torch.zeros(b, device=dev))
+
+    def repeat(self, k: int) -> "_Progress":
+        """A copy with each row repeated ``k`` times in place."""
+        rep = lambda t: None if t is None else t.repeat_interleave(k, dim=0)  # noqa: E731 (a copy also for k = 1)
+        return _Progress(rep(self.loss), rep(self.ent), rep(self.prev_logits), self.held_sum, rep(self.held_rows))
+
+
+@dataclasses.dataclass
+class Prefix:
+    """A bounded rollout stopped where its first eviction would run (:func:`shared_prefix`): its cache, to fork for
+    each policy (:func:`foresight.cache_fork.fork`), its results so far and the rows it was fed."""
+
+    cache: BoundedCache
+    progress: _Progress
+    end: int  # tokens fed
+    ids: torch.Tensor  # [rows, S]
+    mask: torch.Tensor  # [rows, S] bool
+    entropy: bool  # whether the token entropies were computed (where the full cache's were not given)
+
+
+def _feed(model, cache, input_ids, mask, chunk: int, prog: _Progress, known: int, full, entropy: bool, step: str,
+          start: int = 0, before_eviction: bool = False) -> int:
+    """Teacher-force ``input_ids`` from ``start`` (to the end, or to the first eviction) into ``prog``; returns the
+    tokens fed by then."""
+    bounded = isinstance(cache, BoundedCache)
+    end = start
+    for s, end, logits in forward_chunks(model, cache, input_ids, mask, chunk, logits_from=known, step=step,
+                                         start=start, before_eviction=before_eviction):
+        q = end - s
+        if end <= known:  # before any eviction: the full cache's values
+            prog.loss[:, s:end], prog.ent[:, s:end] = full[0][:, s:end], full[1][:, s:end]
+        elif prog.prev_logits is not None:  # the previous chunk's last position predicts this chunk's first token
+            logits_t = torch.cat([prog.prev_logits, logits[:, :-1]], dim=1)
+            nll, h = loss_and_entropy(logits_t, input_ids[:, s:s + q], entropy)
+            prog.loss[:, s:s + q] = nll
+            if h is not None:
+                prog.ent[:, s:s + q] = h
+        else:
+            nll, h = loss_and_entropy(logits[:, :-1], input_ids[:, s + 1:s + q], entropy)
+            prog.loss[:, s + 1:s + q] = nll
+            if h is not None:
+                prog.ent[:, s + 1:s + q] = h
+        prog.prev_logits = logits[:, -1:] if step == "eager" else logits[:, -1:].clone()  # a recording's buffer
+        held = cache.n if bounded else end
+        prog.held_sum += held * q
+        real = mask[:, s:end].sum(1)  # a row's own tokens in the chunk: slots it holds after them
+        prog.held_rows += (held - q + real) * real
+    return end
+
+
+@torch.no_grad()
+def shared_prefix(model, input_ids: torch.Tensor, settings: EvictionSettings, prompt_len: int | None = None,
+                  attention_mask: torch.Tensor | None = None, probabilities: bool = True, full=None, entropy: bool = True,
+                  step: str | None = None) -> Prefix:
+    """The part of a bounded rollout that is the same for every policy under ``settings``: ``input_ids`` fed up to
+    the first eviction (``B + L`` tokens, plus a protected prompt), for :func:`rollout`'s ``prefix`` to continue from.
+    ``probabilities``: for policies that read attention statistics accumulated from the probabilities (or that record
+    their steps), else for those that read none or only the window sums (:mod:`foresight.cache_fork`); the other
+    arguments as :func:`rollout`'s."""
+    step = model_step(model, step)
+    mask = _mask(input_ids, attention_mask)
+    cache = BoundedCache(model.config, PrefixPolicy(probabilities), settings, prompt_len=prompt_len)
+    prog = _Progress.empty(*input_ids.shape, input_ids.device)
+    known = settings.budget + settings.interval if full is not None else 0
+    end = _feed(model, cache, input_ids, mask, 0, prog, known, full, entropy, step, before_eviction=True)
+    return Prefix(cache, prog, end, input_ids, mask, entropy or end <= known)
+
+
+def _mask(input_ids, attention_mask):
+    return torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+
+
 @torch.no_grad()
 def rollout(model, input_ids: torch.Tensor, policy=None, settings: EvictionSettings | None = None,
             prompt_len: int | None = None, attention_mask: torch.Tensor | None = None,
             generator: torch.Generator | None = None, recorder=None, chunk: int = 1024, full=None,
-            entropy: bool = True, step: str | None = None) -> RolloutResult:
+            entropy: bool = True, step: str | None = None, prefix: Prefix | None = None) -> RolloutResult:
     """Teacher-force ``input_ids`` [b, S] (``attention_mask``: 0 = left padding) through ``model`` with a bounded
     cache evicting by ``policy`` under ``settings`` (``policy=None``: the full cache, in chunks of ``chunk``).
 
@@ -112,45 +202,44 @@ def rollout(model, input_ids: torch.Tensor, policy=None, settings: EvictionSetti
     (the cache's capacity is at least that), so those positions take the full cache's values and skip the vocabulary
     projection. ``entropy=False``: only the losses (token_entropy is zero past those positions). ``step="graph"``:
     the chunks after the first eviction are recorded once and replayed (see :func:`forward_chunks`; ``None``: the
-    model's, eager unless ``load_model`` was given ``model.step``); the results are bit-identical.
+    model's, eager unless ``load_model`` was given ``model.step``); the results are bit-identical. ``prefix``: a
+    :func:`shared_prefix` of these rows (each repeated ``b / rows`` times in place) under the same settings: the
+    rollout continues from a fork of its cache instead of from token 0 (the same results when the prefix ran the
+    policy's attention path, bit for bit where the batch is the prefix's).
     """
     step = model_step(model, step)
     b, S = input_ids.shape
     dev = input_ids.device
     if policy is None:  # a full-cache pass: chunks no larger than the logits' memory allows
         chunk = max(1, min(chunk, MAX_CHUNK_LOGITS // (b * model.config.vocab_size)))
-    cache = make_cache(model, policy, settings, prompt_len, recorder, generator)
-    loss = torch.zeros(b, S, device=dev)
-    ent = torch.zeros(b, S, device=dev)
-    if attention_mask is None:
-        attention_mask = torch.ones_like(input_ids, dtype=torch.bool)
-    attention_mask = attention_mask.bool()
-    prev_logits = None
-    held_sum, held_rows = 0.0, torch.zeros(b, device=dev)
+    attention_mask = _mask(input_ids, attention_mask)
     known = settings.budget + settings.interval if (full is not None and policy is not None) else 0
-    for s, end, logits in forward_chunks(model, cache, input_ids, attention_mask, chunk, logits_from=known, step=step):
-        q = end - s
-        if end <= known:  # before any eviction: the full cache's values
-            loss[:, s:end], ent[:, s:end] = full[0][:, s:end], full[1][:, s:end]
-        elif prev_logits is not None:  # the previous chunk's last position predicts this chunk's first token
-            logits_t = torch.cat([prev_logits, logits[:, :-1]], dim=1)
-            nll, h = loss_and_entropy(logits_t, input_ids[:, s:s + q], entropy)
-            loss[:, s:s + q] = nll
-            if h is not None:
-                ent[:, s:s + q] = h
-        else:
-            nll, h = loss_and_entropy(logits[:, :-1], input_ids[:, s + 1:s + q], entropy)
-            loss[:, s + 1:s + q] = nll
-            if h is not None:
-                ent[:, s + 1:s + q] = h
-        prev_logits = logits[:, -1:] if step == "eager" else logits[:, -1:].clone()  # a recording's buffer
-        held = cache.n if policy is not None else end
-        held_sum += held * q
-        real = attention_mask[:, s:end].sum(1)  # a row's own tokens in the chunk: slots it holds after them
-        held_rows += (held - q + real) * real
+    start = 0
+    if prefix is not None:
+        repeat = _check_prefix(prefix, input_ids, attention_mask, policy, entropy)
+        cache = fork(prefix.cache, policy, settings, generator, recorder, repeat)
+        prog, start = prefix.progress.repeat(repeat), prefix.end
+    else:
+        cache = make_cache(model, policy, settings, prompt_len, recorder, generator)
+        prog = _Progress.empty(b, S, dev)
+    _feed(model, cache, input_ids, attention_mask, chunk, prog, known, full, entropy, step, start=start)
+    loss, ent, held_sum, held_rows = prog.loss, prog.ent, prog.held_sum, prog.held_rows
     valid = attention_mask.clone()
     valid[:, 1:] &= attention_mask[:, :-1]  # a token predicted from padding alone does not count
     valid[:, 0] = False
     loss, ent = loss * valid, ent * valid
     peak = cache.peak_slots if policy is not None else S
     return RolloutResult(loss, ent, held_sum / max(S, 1), peak, held_rows / attention_mask.sum(1).clamp(min=1))
+
+
+def _check_prefix(prefix: Prefix, input_ids, mask, policy, entropy: bool) -> int:
+    """How many times each of the prefix's rows repeats in ``input_ids``; an error if they are not its rows."""
+    rows, b = prefix.ids.shape[0], input_ids.shape[0]
+    repeat = b // rows
+    if policy is None or b != rows * repeat or input_ids.shape[1] != prefix.ids.shape[1] or not (
+            torch.equal(input_ids[::repeat], prefix.ids) and torch.equal(mask[::repeat], prefix.mask)):
+        raise ValueError(f"rollout: the prefix was fed {tuple(prefix.ids.shape)} other rows than these "
+                         f"{tuple(input_ids.shape)} (each of its rows, repeated in place) or there is no policy")
+    if entropy and not prefix.entropy:
+        raise ValueError("rollout: entropies requested, but the shared prefix computed only the losses")
+    return repeat

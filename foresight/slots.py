@@ -68,6 +68,17 @@ class SlotStore:
             t.narrow(3, 0, k).copy_(t.narrow(3, 0, n).gather(3, order))
         self.token.narrow(3, k, self.capacity - k).fill_(-1)
 
+    def copy(self, repeat: int = 1) -> "SlotStore":
+        """An independent copy, each sequence repeated ``repeat`` times in place (rows ``r0 r0 .. r1 r1 ..``)."""
+        out = SlotStore.__new__(SlotStore)
+        out.head_dim = self.head_dim
+        out.kv = self.kv.repeat_interleave(repeat, dim=2)  # a copy also when repeat == 1
+        out.keys, out.values = out.kv[0], out.kv[1]
+        out.token = self.token.repeat_interleave(repeat, dim=1)
+        out.extra = {k: t.repeat_interleave(repeat, dim=1) for k, t in self.extra.items()}
+        out._layer_views()
+        return out
+
     def nbytes(self) -> int:
         """Bytes of the key/value storage."""
         return self.kv.numel() * self.kv.element_size()

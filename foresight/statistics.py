@@ -10,6 +10,8 @@ what the policy reads (:func:`accumulations`).
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from foresight import features
@@ -37,6 +39,11 @@ def accumulations(reads) -> frozenset:
     return frozenset(_ACCUMULATION.get(r, "window") for r in reads)
 
 
+def buffer_rows(needs: frozenset) -> tuple:
+    """The per-slot buffer's rows for the accumulations ``needs``, in STAT_ORDER."""
+    return tuple(r for r in STAT_ORDER if any(r in _ROWS_OF[a] for a in needs if a in _ROWS_OF))
+
+
 class SlotStatistics:
     """The statistics of every slot ``[nl, b, h, g, capacity]`` plus the kept and the deferred queries.
 
@@ -52,7 +59,7 @@ class SlotStatistics:
         self.kv_bytes = torch.empty((), dtype=dtype).element_size()  # of the cache's keys and values
         # only the rows of what is accumulated (none for a policy that reads no block statistic), in STAT_ORDER, so
         # that the rows a block reset zeroes (sum, max) come first and min, which starts at +inf, comes last
-        self.rows = tuple(r for r in STAT_ORDER if any(r in _ROWS_OF[a] for a in needs if a in _ROWS_OF))
+        self.rows = buffer_rows(needs)
         self._n_reset = sum(r in ("sum", "max") for r in self.rows)
         self.buf = torch.zeros(len(self.rows), nl, b, h, q_heads // h, capacity, device=device, dtype=torch.float32)
         if "min" in self.rows:
@@ -80,6 +87,27 @@ class SlotStatistics:
         self.layer_min = [self.min[i] for i in layers] if self.min is not None else None
         s = self.rows.index("sum") if "sum" in self.rows else None
         self.layer_sums = [self.buf[s:s + 2, i] for i in layers] if s is not None else None  # [2, b, h, g, capacity]
+
+    def copy_for(self, needs: frozenset, repeat: int = 1) -> "SlotStatistics":
+        """An independent copy that accumulates only ``needs`` (a subset of this one's) from here on, each sequence
+        repeated ``repeat`` times in place (a fork of the cache, foresight.cache_fork)."""
+        if not needs <= self.needs:
+            raise ValueError(f"SlotStatistics.copy_for: {sorted(needs - self.needs)} were not accumulated")
+        out = copy.copy(self)
+        out.needs, out.rows = needs, buffer_rows(needs)
+        out._n_reset = sum(r in ("sum", "max") for r in out.rows)
+        rows = [self.rows.index(r) for r in out.rows]
+        out.buf = self.buf[rows].repeat_interleave(repeat, dim=2)  # [rows, nl, b, h, g, capacity]
+        out._bind()
+        out.recent_q = self.recent_q.repeat_interleave(repeat, dim=1)
+        out.layer_recent_q = [out.recent_q[i] for i in range(self.num_layers)]
+        out.recent_token = self.recent_token.clone()
+        out.recent_valid = self.recent_valid.repeat_interleave(repeat, dim=0)
+        out.pending_q = self.pending_q.repeat_interleave(repeat, dim=1)
+        out.pending_token = self.pending_token.clone()
+        out.pending_valid = self.pending_valid.repeat_interleave(repeat, dim=0)
+        out._shares = {}
+        return out
 
     # ------------------------------------------------------------------------------------------- slots
     def grow(self, extra: int) -> None:

@@ -341,3 +341,33 @@ def test_eval_on_validation_traces_uses_the_held_out_split_and_refuses_a_scorer_
     empty = load_recipe("recipes/tiny-qwen3.yaml", [*sets, "sft.val_traces=0", f"eval.traces={tmp_path / 'tr'}"])
     with pytest.raises(ValueError, match="no validation traces"):
         run_eval(empty, tmp_path / "ev0", methods="full", budgets="12:4", progress=False, log=lambda *_: None)
+
+
+def test_eval_runs_the_part_before_the_first_eviction_once_per_batch_with_the_same_rows(tiny_model_dir, tmp_path,
+                                                                                         monkeypatch):
+    """Every method of a budget holds the same cache until B + L: the evaluation runs that prefix once per batch and
+    attention path (fused for query-free policies, probabilities for those reading statistics and for golden's
+    recorded pass) and forks it for each method; the rows equal an evaluation that runs each method from token 0."""
+    from foresight import evaluate
+    from foresight.shared_prefixes import SharedPrefixes
+
+    r = load_recipe("recipes/tiny-qwen3.yaml", [f"model.path={tiny_model_dir}", *SETS, "traces.max_new_tokens=48"])
+    methods = "full,golden,streamingllm,h2o,tova,snapkv,knorm,random,random-keep-prompt"
+    made = []
+
+    class Spy(SharedPrefixes):
+        def __init__(self, model):
+            super().__init__(model)
+            made.append(self)
+
+    monkeypatch.setattr(evaluate, "SharedPrefixes", Spy)
+    shared = run_eval(r, tmp_path / "shared", methods=methods, budgets="12:4,24:4", progress=False, log=lambda *_: None)
+    (spy,) = made
+    # per budget (one batch of 3 traces): the fused path's prefix (query-free and window-reading policies) and the
+    # probabilities' (h2o, golden's pass recording every statistic for the recalls); at B=24 also random-keep-prompt's
+    # two (its prompt protected: another schedule, another batching). Served from them: golden's pass along
+    # StreamingLLM's sinks (they act at evictions only) and the other five heuristics, at both budgets
+    assert (spy.built, spy.reused) == (2 + 4, 6 + 6)
+    monkeypatch.setattr(SharedPrefixes, "get", lambda *a, **k: None)  # every method from token 0
+    alone = run_eval(r, tmp_path / "alone", methods=methods, budgets="12:4,24:4", progress=False, log=lambda *_: None)
+    assert shared == alone

@@ -11,11 +11,11 @@ PKG = Path(__file__).resolve().parents[1] / "foresight"
 PRIMITIVES = {"config", "features", "selection", "shapes", "atomic", "handoff", "slot_attention", "statistics", "eviction",
               "view", "slots", "cache", "attention", "distributed", "reward", "prompts", "trace_data", "validation", "locks",
               "serving", "layer_handle", "recipe_yaml", "full_cache"}
-ENGINE = {"models", "rollout", "generate", "static_step", "recorded", "golden", "scorer", "policies", "kvpop.topk",
+ENGINE = {"models", "rollout", "cache_fork", "generate", "static_step", "recorded", "golden", "scorer", "policies", "kvpop.topk",
           "kvpop.target", "kvpop.scorers"}
 PLUMBING = {"training", "checkpoint", "plots", "methods", "references", "report", "divergence", "styles", "completions",
             "golden_store", "eval_resume", "realbench_report", "paired", "compare", "trace_metrics", "grpo_objective",
-            "grpo_rollout", "grpo_validation", "trace_references", "ranking"}
+            "grpo_rollout", "grpo_validation", "shared_prefixes", "trace_references", "ranking"}
 STAGES = {"traces", "sft", "grpo", "kvpop.train", "evaluate"}
 ENTRY = {"", "cli", "__main__", "demo", "bench", "gpubench", "integrations", "kvpop", "opcount", "realbench", "predictability",
          "grpo_noise"}
