@@ -1,5 +1,6 @@
 """Each heuristic on a crafted case whose correct keep-set is known (one layer, one sequence, one KV head)."""
 
+import pytest
 import torch
 
 from foresight.view import EvictionView
@@ -48,6 +49,36 @@ def test_snapkv_maxpool_keeps_neighbours_of_a_spike():
     assert ev == [4, 5, 6, 14, 15]
     assert not set(ev) & set(range(7, 14))  # kernel 7 around slot 10
     assert not set(ev) & {0, 1, 2, 3} and not set(ev) & {16, 17, 18, 19}
+
+
+def reference_redundancy(keys, valid, threshold=0.5):
+    """R-KV's redundancy computed naively over whole [n, n] matrices (what foresight's sliced version replaced)."""
+    k = torch.nn.functional.normalize(keys.float(), dim=-1)
+    sim = k @ k.transpose(-1, -2)
+    n = sim.shape[-1]
+    pair_ok = valid.unsqueeze(-1) & valid.unsqueeze(-2) & ~torch.eye(n, dtype=torch.bool)
+    sim = torch.where(pair_ok & (sim >= threshold), sim, torch.zeros_like(sim))
+    later_twin = ((sim > 0) & torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1)).any(-1)
+    red = torch.where(later_twin, sim.sum(-1) / valid.sum(-1, keepdim=True).clamp(min=1), torch.zeros(()))
+    return red.masked_fill(~valid, float("-inf")).softmax(-1).nan_to_num(0.0)
+
+
+def test_rkv_redundancy_in_slices_equals_the_whole_matrices(monkeypatch):
+    """R-KV's redundancy is computed a few (layer, sequence, head) rows at a time, with padding zeroed instead of an
+    [n, n] pair mask: the same values as the whole-matrix computation, bit for bit, with padding and near-twins."""
+    from foresight.policies import rkv
+
+    torch.manual_seed(0)
+    keys = torch.randn(3, 4, 2, 40, 16).to(torch.bfloat16)
+    keys[..., 20:25, :] = keys[..., 5:10, :] + 0.05 * torch.randn(5, 16).to(torch.bfloat16)  # near-duplicates
+    valid = torch.ones(3, 4, 2, 40, dtype=torch.bool)
+    valid[:, 1, :, :6] = False  # a left-padded sequence
+    valid[..., 38:] = False  # empty slots
+    monkeypatch.setattr(rkv, "SLICE_VALUES", 3 * 40 * 40)  # slices of 3 rows (the last one shorter)
+    got = rkv.redundancy(keys, valid)
+    assert torch.equal(got, reference_redundancy(keys, valid))
+    with pytest.raises(ValueError, match="threshold"):
+        rkv.redundancy(keys, valid, threshold=0.0)
 
 
 def test_rkv_evicts_the_older_of_duplicate_keys():
