@@ -6,7 +6,11 @@ folder given), the shipped scorer ``sft-w256-gap``, the recipe's G, budget and s
 group rollout timed both ways with the same generator seed; the drawn evictions and the losses compared. Appends to
 result.json beside this file.
 
-    python docs/results/smollm2-135m/shared-prefix/measure_grpo.py [N [TRACES]]     # default 4 runs/rb/traces
+    python docs/results/smollm2-135m/shared-prefix/measure_grpo.py [N [TRACES [DTYPE]]]   # 4 runs/rb/traces bfloat16
+
+In bfloat16 the drawn trajectories differ: a matmul of 1 row and one of 8 round differently on this CPU (the keys at
+the first eviction differ by up to 0.4 after layer 0, while the 8 rows of one batch equal each other); in float32
+they are the same draws and losses (DTYPE float32).
 """
 
 import json
@@ -24,7 +28,8 @@ from foresight.trace_data import load_traces
 
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 4
 traces = Path(sys.argv[2] if len(sys.argv) > 2 else "runs/rb/traces")
-recipe = load_recipe("recipes/smollm2-135m-realbench.yaml", [])
+dtype = sys.argv[3] if len(sys.argv) > 3 else "bfloat16"
+recipe = load_recipe("recipes/smollm2-135m-realbench.yaml", [f"model.dtype={dtype}"])
 model, _ = load_model(recipe.model)
 bank, _ = load_scorer(Path("docs/results/smollm2-135m/scorers/sft-w256-gap"), model)
 bank.eval()
@@ -32,7 +37,7 @@ ds = load_traces(traces)
 settings = EvictionSettings(budget=recipe.cache.budget, interval=recipe.cache.interval)
 G, T = recipe.grpo.group, recipe.grpo.temperature
 real_prefix = gr.shared_prefix
-out = {"traces": n, "group": G, "budget": settings.budget, "interval": settings.interval, "seconds": {},
+out = {"dtype": dtype, "traces": n, "group": G, "budget": settings.budget, "interval": settings.interval, "seconds": {},
        "same_draws": 0, "max_loss_difference": 0.0}
 for mode in ("from_token_0", "shared_prefix"):
     gr.shared_prefix = real_prefix if mode == "shared_prefix" else (lambda *a, **k: None)
@@ -54,6 +59,7 @@ for (la, pa), (lb, pb) in zip(base, runs):
 out["saved"] = round(1 - out["seconds"]["shared_prefix"] / out["seconds"]["from_token_0"], 3)
 f = Path(__file__).with_name("result.json")
 result = json.loads(f.read_text()) if f.exists() else {}
-result["grpo_group_rollout"] = out
+result.pop("grpo_group_rollout", None)  # (a first run's key, before DTYPE)
+result[f"grpo_group_rollout_{dtype}"] = out
 f.write_text(json.dumps(result, indent=1) + "\n")
 print(out)
