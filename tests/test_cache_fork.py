@@ -127,3 +127,20 @@ def test_a_fork_that_would_change_the_results_is_refused(setup):
     feed_chunks(model, evicted, ids[:, :60])
     with pytest.raises(ValueError, match="has not evicted"):
         fork(evicted, make_policy("h2o"), settings)
+
+
+def test_recorded_chunks_replay_after_a_fork(setup, monkeypatch):
+    """``step="graph"``: a forked cache's chunks after the first eviction are recorded and replayed (torch.fx on a CPU,
+    the tests' stand-in for CUDA graphs) with the losses of an eager rollout from token 0."""
+    from foresight.recorded import Recording
+
+    model, ids, mask, full = setup
+    replays = []
+    replay = Recording.replay
+    monkeypatch.setattr(Recording, "replay", lambda self: replays.append(1) or replay(self))
+    settings = EvictionSettings(budget=24, interval=8)
+    prefix = shared_prefix(model, ids, settings, attention_mask=mask, probabilities=True, full=full, entropy=False)
+    kw = dict(attention_mask=mask, full=full, entropy=False)
+    eager = rollout(model, ids, make_policy("h2o"), settings, step="eager", **kw)
+    graph = rollout(model, ids, make_policy("h2o"), settings, step="graph", prefix=prefix, **kw)
+    assert torch.equal(eager.token_loss, graph.token_loss) and replays
