@@ -30,6 +30,13 @@ def setup():
 def policies(model):
     out = {name: (lambda name=name: make_policy(name)) for name in REGISTRY}
     out["learned"] = lambda: LearnedPolicy(bank_for_model(model))
+
+    def with_layout():  # a policy that brings its own sinks and protected window, as KVpop's do
+        pol = make_policy("tova")
+        pol.layout_window, pol.layout_sinks = 16, 3
+        return pol
+
+    out["layout"] = with_layout
     return out
 
 
