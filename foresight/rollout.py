@@ -89,7 +89,7 @@ def forward_chunks(model, cache, input_ids: torch.Tensor, mask: torch.Tensor, ch
     recorded = RecordedChunks(model, cache, capture_for(input_ids.device)) if bounded and step == "graph" else None
     all_real = bounded and bool(mask.all())  # checked once here, not by the cache on every chunk
     s = start
-    while s < S and not (before_eviction and cache.steps == 0 and cache.slots is not None and cache.n >= cache.capacity):
+    while s < S and not (before_eviction and cache.slots is not None and cache.n >= cache.capacity):
         q = cache.next_chunk(S - s) if bounded else min(chunk, S - s)
         kw = cache.feed(mask[:, s:s + q], all_real) if bounded else {"attention_mask": mask[:, : s + q].long()}
         extra = {"logits_to_keep": last_position(q, input_ids.device)} if s + q <= logits_from else {}
@@ -130,10 +130,14 @@ class Prefix:
 
     cache: BoundedCache
     progress: _Progress
-    end: int  # tokens fed
     ids: torch.Tensor  # [rows, S]
     mask: torch.Tensor  # [rows, S] bool
     entropy: bool  # whether the token entropies were computed (where the full cache's were not given)
+
+    @property
+    def end(self) -> int:
+        """Tokens fed."""
+        return self.cache.seen
 
 
 def _feed(model, cache, input_ids, mask, chunk: int, prog: _Progress, known: int, full, entropy: bool, step: str,
@@ -181,7 +185,7 @@ def shared_prefix(model, input_ids: torch.Tensor, settings: EvictionSettings, pr
     prog = _Progress.empty(*input_ids.shape, input_ids.device)
     known = settings.budget + settings.interval if full is not None else 0
     end = _feed(model, cache, input_ids, mask, 0, prog, known, full, entropy, step, before_eviction=True)
-    return Prefix(cache, prog, end, input_ids, mask, entropy or end <= known)
+    return Prefix(cache, prog, input_ids, mask, entropy or end <= known)
 
 
 def _mask(input_ids, attention_mask):
