@@ -7,7 +7,9 @@ came from this cache back to :meth:`BoundedCache.attend`, see :mod:`foresight.ha
 
 By composition: the slots (:class:`~foresight.slots.SlotStore`, ``protected prompt + B + L`` of them, so memory is
 really bounded), attention causal by token index (:mod:`foresight.slot_attention`), the statistics the policy reads
-(:class:`~foresight.statistics.SlotStatistics`) and the policy's view (:class:`~foresight.view.EvictionView`).
+(:class:`~foresight.statistics.SlotStatistics`) and the policy's view (:class:`~foresight.view.EvictionView`); by
+job: each chunk's plan (:mod:`foresight.cache_chunks`), the attention of its queries (:mod:`foresight.cache_attention`)
+and the eviction step (:mod:`foresight.eviction`).
 
 Eviction: when an update would overflow the capacity, ``L`` pairs per (layer, sequence, KV head) are dropped (more
 after one oversized chunk) so that ``B`` remain besides the protected prompt. Protected: the newest ``window``
@@ -22,13 +24,13 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache
 
-from foresight import eviction, features, handoff
+from foresight import cache_attention, cache_chunks, eviction, features, handoff
 from foresight.config import EvictionSettings
 from foresight.layer_handle import LayerHandle
 from foresight.shapes import AttentionShape, text_config
-from foresight.slot_attention import ChunkMasks, grouped_matmul, probabilities
+from foresight.slot_attention import ChunkMasks
 from foresight.slots import SlotStore
-from foresight.statistics import ALL_ACCUMULATIONS, PROB_ACCUMULATIONS, SlotStatistics, accumulations
+from foresight.statistics import ALL_ACCUMULATIONS, SlotStatistics, accumulations
 from foresight.view import EvictionView
 
 class BoundedCache(Cache):
@@ -68,17 +70,17 @@ class BoundedCache(Cache):
         self.slots: SlotStore | None = None  # keys, values, token indices: allocated by the first update
         self.stats: SlotStatistics | None = None  # what the policy reads, accumulated (allocated with the storage)
         self.padded = False  # some fed token was padding (then attention masks are built in full)
-        self._pending_valid = None
-        self._masks = ChunkMasks()
+        self.pending_valid = None  # the validity given to feed() for the next forward
+        self.masks = ChunkMasks()
         self._checked: set = set()  # (slots, evictions) whose candidate count was checked (unpadded)
-        self._chunk = None  # (n_old, q, valid[b, q], token indices [q]) of the forward in progress
-        self._layer_kv = None  # (layer, keys, values) of the layer whose update ran last
+        self.chunk: cache_chunks.Chunk | None = None  # the forward in progress
+        self.layer_kv = None  # (layer, keys, values) of the layer whose update ran last
         self.peak_slots = 0
         self.scaling = self.head_dim ** -0.5  # the attention's softmax scale (the model's, once attend has run)
         self.policy_state: dict = {}  # anything else a stateful policy carries (e.g. a recurrent memory)
         self.static = None  # a foresight.static_step.StaticStep while a static decoding step runs
-        self._prepared = False  # the chunk in progress was planned by prepare_chunk (its caller finishes it)
-        self._chunk_real = True  # no token of the chunk in progress is padding
+        self.prepared = False  # the chunk in progress was planned by prepare_chunk (its caller finishes it)
+        self.chunk_real = True  # no token of the chunk in progress is padding
 
     # ----------------------------------------------------------------------------------------------- set-up
     def feed(self, valid: torch.Tensor, all_real: bool = False) -> dict:
@@ -91,8 +93,8 @@ class BoundedCache(Cache):
         if impl is not None and impl != "foresight":
             raise ValueError(f"BoundedCache: the model's attention implementation is {impl!r}, not 'foresight': load "
                              "it with foresight.models.load_model or call foresight.attention.use_foresight_attention")
-        self._pending_valid = None if all_real else valid
-        return {"attention_mask": self._masks.placeholder(*valid.shape, valid.device)}
+        self.pending_valid = None if all_real else valid
+        return {"attention_mask": self.masks.placeholder(*valid.shape, valid.device)}
 
     @property
     def needs(self) -> frozenset:
@@ -102,7 +104,7 @@ class BoundedCache(Cache):
     @property
     def chunk_valid(self) -> torch.Tensor:
         """``[b, q]``: which tokens of the forward in progress are real (for stateful policies' ``observe``)."""
-        return self._chunk[2]
+        return self.chunk.valid
 
     @property
     def protected_prefix(self) -> int:
@@ -120,16 +122,7 @@ class BoundedCache(Cache):
 
     def next_chunk(self, remaining: int) -> int:
         """Largest chunk the drivers may feed next: ends at the next eviction point or block start."""
-        if self.full:
-            return remaining
-        room = self.capacity - self.n
-        if room <= 0:  # an eviction happens first
-            room = self.capacity - self.target
-        stop = room
-        block_start = self.target - self.n  # tokens until the block before the first eviction starts
-        if 0 < block_start < stop:
-            stop = block_start
-        return max(1, min(remaining, stop, self.settings.interval))
+        return cache_chunks.next_chunk(self, remaining)
 
     def _allocate(self, key_states: torch.Tensor):
         b, dev, dt = key_states.shape[0], key_states.device, key_states.dtype
@@ -149,8 +142,8 @@ class BoundedCache(Cache):
         self.stats = SlotStatistics(self.accumulated(), nl, b, h, self.q_heads, d, cap,
                                     pending=W if self.full else max(self.settings.interval, W), device=dev, dtype=dt,
                                     newest_kept=self.full or self.window >= W)
-        self.first_real = torch.full((b,), -1, device=dev, dtype=torch.long)
-        self._all_started = False
+        self.first_real = torch.full((b,), -1, device=dev, dtype=torch.long)  # each row's first real token
+        self.all_started = False  # every row has had its first real token
 
     def accumulated(self) -> frozenset:
         """What this cache accumulates: what the policy reads; everything for a full cache or when steps are recorded."""
@@ -173,7 +166,7 @@ class BoundedCache(Cache):
         """A per-slot float tensor ``[nl, b, h, capacity]`` owned by a stateful policy (see SlotStore.tensor)."""
         return self.slots.tensor(name, fill)
 
-    def _grow(self, need: int):
+    def grow(self, need: int):
         """Only an oversized chunk (e.g. transformers' one-shot prefill of a long prompt) or the full cache grows."""
         cap = self.slots.capacity
         if need <= cap:
@@ -187,17 +180,17 @@ class BoundedCache(Cache):
         q = key_states.shape[-2]
         if self.static is not None:  # a static decoding step: positions on the device, the whole capacity
             k_view, v_view = self.static.update(layer_idx, key_states, value_states)
-            self._layer_kv = (layer_idx, k_view, v_view)
+            self.layer_kv = (layer_idx, k_view, v_view)
             handoff.offer(self, layer_idx, k_view)
             return k_view, v_view
         if layer_idx == 0:
-            self._write_tokens() if self._prepared else self._begin_chunk(key_states, q)
-        n_old = self._chunk[0]
+            cache_chunks.write_tokens(self) if self.prepared else self._begin_chunk(key_states, q)
+        n_old = self.chunk.start
         keys, values = self.slots.layer_keys[layer_idx], self.slots.layer_values[layer_idx]
         keys.narrow(2, n_old, q).copy_(key_states)
         values.narrow(2, n_old, q).copy_(value_states)
         k_view, v_view = keys.narrow(2, 0, n_old + q), values.narrow(2, 0, n_old + q)
-        self._layer_kv = (layer_idx, k_view, v_view)  # what attend() reads next
+        self.layer_kv = (layer_idx, k_view, v_view)  # what attend() reads next
         observe = getattr(self.policy, "observe", None)  # a stateful policy sees every new pair as it arrives
         if observe is not None:
             observe(self, layer_idx, n_old, q)
@@ -205,125 +198,48 @@ class BoundedCache(Cache):
         return k_view, v_view
 
     def _begin_chunk(self, key_states, q: int):
-        if self._chunk is not None:
+        if self.chunk is not None:
             raise RuntimeError("BoundedCache: the previous forward never reached the 'foresight' attention function; "
                                "load the model with attn_implementation='foresight' "
                                "(foresight.attention.use_foresight_attention)")
         if self.slots is None:
             self._allocate(key_states)
-        self._plan_chunk(q)
-        self._write_tokens()
+        cache_chunks.plan(self, q)
+        cache_chunks.write_tokens(self)
 
     def prepare_chunk(self, q: int, tok_out: torch.Tensor, valid_out: torch.Tensor) -> None:
         """Everything a chunk of ``q`` tokens does on the host, before its forward (a recorded chunk,
         :mod:`foresight.recorded`): replay, eviction, block reset, its token indices into ``tok_out`` [q] and (with
         padding) its validity into ``valid_out`` [b, q]. The forward then only writes the token indices, and the caller
         ends the chunk with :meth:`finish_prepared`."""
-        if self.slots is None or self._chunk is not None:
+        if self.slots is None or self.chunk is not None:
             raise RuntimeError("BoundedCache.prepare_chunk: the storage is allocated by a first (eager) forward, and a "
                                "prepared chunk ends with finish_prepared()")
-        self._plan_chunk(q, tok_out, valid_out)
-        self._prepared = True
+        cache_chunks.plan(self, q, tok_out, valid_out)
+        self.prepared = True
 
     def finish_prepared(self) -> None:
-        self._prepared = False
-        self._finish_chunk()
+        self.prepared = False
+        self.finish_chunk()
 
     def chunk_layout(self) -> tuple:
         """The host-visible state a prepared chunk's forward depends on besides its size (slots in use, padding):
         chunks with equal layouts run the same operations on the same buffers (foresight.recorded)."""
-        return self.n, self.padded, self._chunk_real, self._all_started
+        return self.n, self.padded, self.chunk_real, self.all_started
 
-    def _plan_chunk(self, q: int, tok_out=None, valid_out=None):
-        """The host's part of a chunk: deferred statistics, eviction, growth, validity, the first real tokens."""
-        first_block = not self.full and self.steps == 0 and self.seen <= self.target < self.seen + q
-        if self.stats.n_pending and (q > 1 or first_block):
-            self.replay_deferred()  # deferred statistics go in before a chunk's own (query order) or a block reset
-        if not self.full and self.n + q > self.capacity and self.n > self.target:
-            self.evict(self.n - self.target)
-        self._grow(self.n + q)
-        b, dev = self.keys.shape[1], self.keys.device
-        valid = self._pending_valid
-        self._pending_valid = None
-        if valid is not None:
-            valid = valid.to(dev) if valid_out is None else valid_out.copy_(valid)
-            if not self.padded and not bool(valid.all()):
-                self.padded = True
-        if first_block:
-            self.stats.reset_block(self.n)  # the block before the first eviction starts here
-        tok = torch.arange(self.seen, self.seen + q, device=dev, out=tok_out)
-        self._chunk_real = valid is None
-        if valid is None:  # every token is real (fed with all_real, or not fed: transformers' own generate)
-            valid = self._masks.all_real(b, q, dev)
-            if not self._all_started:
-                self.first_real.masked_fill_(self.first_real < 0, self.seen)
-                self._all_started = True
-        elif not self._all_started:  # the first real token of each row (sinks are counted from it)
-            new_first = (self.first_real < 0) & valid.any(1)
-            self.first_real = torch.where(new_first, self.seen + valid.long().argmax(1), self.first_real)
-            self._all_started = bool((self.first_real >= 0).all())
-        self._chunk = (self.n, q, valid, tok)
-
-    def _write_tokens(self):
-        """The chunk's token indices into its slots (-1 for padding)."""
-        n, q, valid, tok = self._chunk
-        if self._chunk_real:
-            self.token.narrow(3, n, q).copy_(tok)
-        else:
-            tok_b = torch.where(valid, tok.unsqueeze(0), torch.full_like(tok.unsqueeze(0), -1))
-            self.token[:, :, :, n:n + q] = tok_b[None, :, None, :]
-        # slots >= n always hold clean statistics (allocation, growth and gathering keep them so)
-
-    def _finish_chunk(self):
-        n_old, q = self._chunk[:2]
-        self.n = n_old + q
-        self.seen += q
+    def finish_chunk(self):
+        """The forward in progress has run through every layer: its pairs count as held."""
+        self.n = self.chunk.start + self.chunk.size
+        self.seen += self.chunk.size
         self.peak_slots = max(self.peak_slots, self.n)
-        self._chunk = None
+        self.chunk = None
 
     # -------------------------------------------------------------------------------------------- attention
     def attend(self, layer_idx: int, query: torch.Tensor, scaling: float) -> torch.Tensor:
         """Attention of the new queries [b, Hq, q, d] (after RoPE) against this layer's slots; returns
-        [b, q, Hq, d] like transformers' attention functions, and accumulates what the policy reads.
-
-        A chunk (q > 1) computes the probabilities explicitly when a statistic needs them (fused SDPA otherwise).
-        A decoding step (q = 1) runs fused SDPA and defers its query; the deferred queries are replayed in one
-        batched pass when the statistics are next needed (before an eviction, a chunk or a block reset)."""
-        self.scaling = scaling
-        at, K, V = self._layer_kv
-        if at != layer_idx:
-            raise RuntimeError(f"BoundedCache: attention of layer {layer_idx} without its update")
-        if self.static is not None:
-            return self.static.attend(layer_idx, query, K, V, scaling)
-        n_old, q, valid, qtok = self._chunk
-        n = n_old + q
-        # token indices of the slots: masks are built from them only once padding was fed
-        ktok = self.slots.layer_token[layer_idx].narrow(2, 0, n) if (self.padded or q == 1) else None  # [b, h, n]
-        last = layer_idx == self.num_layers - 1
-        if q == 1 and not self.full:
-            out = torch.nn.functional.scaled_dot_product_attention(
-                query, K, V, attn_mask=ChunkMasks.decoding(ktok, self.group), scale=scaling, enable_gqa=True)
-            full = self.needs and self.stats.defer(layer_idx, query, self.seen, valid)
-            if last and not self._prepared:
-                self._finish_chunk()
-                if full:
-                    self.replay_deferred()
-            return out.transpose(1, 2)
-        if self.needs & PROB_ACCUMULATIONS:
-            probs, hidden = probabilities(query, K, ktok, qtok, self.padded, True, scaling)
-            # the g query heads of a KV head share its keys: one [g*q, n] x [n, d] product per KV head, no broadcast
-            out = grouped_matmul(probs.to(V.dtype), V).view(query.shape)
-            self.stats.accumulate(layer_idx, probs, hidden, valid)  # last: it may overwrite the probabilities
-        else:  # no statistic needs the probabilities: fused attention
-            mask = ChunkMasks.padded_chunk(ktok, qtok, self.group) if self.padded else \
-                self._masks.chunk(q, n, query.device, self.keys.dtype)
-            out = torch.nn.functional.scaled_dot_product_attention(query, K, V, attn_mask=mask, scale=scaling,
-                                                                   enable_gqa=True)
-        if "window" in self.needs:
-            self.stats.remember_queries(layer_idx, query, qtok, valid)
-        if last and not self._prepared:  # a prepared chunk is finished by its caller (a replay runs no Python)
-            self._finish_chunk()
-        return out.transpose(1, 2)
+        [b, q, Hq, d] like transformers' attention functions, and accumulates what the policy reads
+        (:mod:`foresight.cache_attention`)."""
+        return cache_attention.attend(self, layer_idx, query, scaling)
 
     def replay_deferred(self):
         """The deferred decoding queries' statistics, computed now against the slots they saw (see ``attend``)."""

@@ -55,7 +55,7 @@ def fork(cache: BoundedCache, policy, settings: EvictionSettings | None = None, 
     prefix's when None; they may differ in what acts at evictions only: sinks, protected window, selection), with its
     own ``generator`` and ``recorder``, each sequence repeated ``repeat`` times (GRPO's G trajectories of one trace).
     It accumulates only what ``policy`` reads from here on; ``cache`` is left as it was, ready for the next fork."""
-    if cache.full or cache.slots is None or cache.steps or cache._chunk is not None:
+    if cache.full or cache.slots is None or cache.steps or cache.chunk is not None:
         raise ValueError("fork: the cache must be a bounded one that has been fed and has not evicted yet")
     if not shareable(policy):
         raise ValueError(f"fork: {policy!r} is stateful (it observes every pair); roll it out from token 0")
@@ -72,6 +72,6 @@ def fork(cache: BoundedCache, policy, settings: EvictionSettings | None = None, 
     new.stats = cache.stats.copy_for(needs, repeat)
     new.stats.newest_kept = new.window >= features.QUERY_WINDOW  # as the new cache's own allocation would set it
     new.first_real = cache.first_real.repeat_interleave(repeat)
-    for name in ("n", "seen", "padded", "peak_slots", "scaling", "_all_started", "_chunk_real"):
+    for name in ("n", "seen", "padded", "peak_slots", "scaling", "all_started", "chunk_real"):
         setattr(new, name, getattr(cache, name))
     return new
