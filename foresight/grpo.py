@@ -59,8 +59,9 @@ from foresight.grpo_objective import group_advantage, step_objective, trajectory
 from foresight.grpo_rollout import group_rollout
 from foresight.grpo_validation import change_since_start, first_scored_token, scalars, validate
 from foresight.trace_data import load_traces, training_fingerprints
-from foresight.training import check_traces_model, finish_run, full_state_dict, optimizer_step, progress_bar, \
-    resumed_extra, run_identity, save_progress, save_snapshot, setup_training, split_traces, summary_writer, train_plan
+from foresight.stage_inputs import check_traces_model, split_traces
+from foresight.training import finish_run, full_state_dict, optimizer_step, progress_bar, resumed_extra, run_identity, \
+    save_progress, save_snapshot, setup_training, summary_writer, train_plan
 
 
 def training_settings(recipe) -> list[EvictionSettings]:

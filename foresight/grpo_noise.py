@@ -49,7 +49,7 @@ from foresight.grpo_validation import first_scored_token
 from foresight.models import load_model
 from foresight.paired import resamples
 from foresight.trace_data import load_traces
-from foresight.training import check_traces_model, split_traces
+from foresight.stage_inputs import check_traces_model, split_traces
 
 SPLITS = 200  # random half-splits averaged in the split-half cosine
 

@@ -40,8 +40,9 @@ from foresight.ranking import lost_future, pairwise_hinge, recall_at_l
 from foresight.report import bootstrap_ci
 from foresight.scorer import ScorerBank, bank_for_model
 from foresight.trace_data import training_fingerprints
-from foresight.training import finish_run, full_state_dict, load_stage_inputs, mean_step, progress_bar, \
-    resumed_extra, run_identity, save_progress, save_snapshot, setup_training, summary_writer, train_plan
+from foresight.stage_inputs import load_stage_inputs
+from foresight.training import finish_run, full_state_dict, mean_step, progress_bar, resumed_extra, run_identity, \
+    save_progress, save_snapshot, setup_training, summary_writer, train_plan
 
 
 def budgets_loss(bank, groups, cfg, generator=None):

@@ -18,7 +18,7 @@ import torch
 from foresight import prompts
 from foresight.checkpoint import read_config
 from foresight.trace_data import fingerprint, load_traces
-from foresight.training import check_traces_model, split_traces
+from foresight.stage_inputs import check_traces_model, split_traces
 
 
 def _same_folder(a, b) -> bool:

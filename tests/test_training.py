@@ -9,8 +9,9 @@ from foresight import atomic
 from foresight.checkpoint import load_scorer
 from foresight.config import GRPOConfig, SFTConfig, load_recipe
 from foresight.scorer import bank_for_model
+from foresight.stage_inputs import split_traces
 from foresight.training import TrainPlan, finish_run, full_state_dict, load_checkpoint, lr_lambda, mean_step, \
-    optimizer_step, progress_bar, save_progress, setup_training, split_traces, summary_writer, train_plan
+    optimizer_step, progress_bar, save_progress, setup_training, summary_writer, train_plan
 
 
 def test_schedule_warms_up_then_decays_or_stays():

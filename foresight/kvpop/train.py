@@ -34,8 +34,9 @@ from foresight.kvpop.target import kvpop_targets
 from foresight.locks import locks_output
 from foresight.kvpop.topk import boundary_pairs, topk_recall, trace_priority
 from foresight.trace_data import training_fingerprints
-from foresight.training import finish_run, full_state_dict, load_stage_inputs, mean_step, progress_bar, \
-    resumed_extra, run_identity, save_progress, save_snapshot, setup_training, summary_writer, train_plan
+from foresight.stage_inputs import load_stage_inputs
+from foresight.training import finish_run, full_state_dict, mean_step, progress_bar, resumed_extra, run_identity, \
+    save_progress, save_snapshot, setup_training, summary_writer, train_plan
 
 
 @torch.no_grad()

@@ -15,7 +15,7 @@ from foresight.config import load_recipe
 from foresight.golden_store import GoldenStore
 from foresight.report import bootstrap_ci
 from foresight.sft import example_rows, lost_future_ratio, rows_loss
-from foresight.training import load_stage_inputs
+from foresight.stage_inputs import load_stage_inputs
 
 ap = argparse.ArgumentParser()
 ap.add_argument("scorers", nargs="+")
