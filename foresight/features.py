@@ -17,7 +17,9 @@ the cache keeps these statistics (all from post-softmax attention probabilities,
 ``decay``   decayed running sum, updated once per block: ``decay ← 0.9 · decay + sum`` at each eviction
 ==========  =================================================================================================
 
-A scorer may also read ``age`` (the scorer input ``age``, not an attention statistic): ``log(1 + a)`` for a key written
+A scorer may also read ``heads`` (:func:`head_mean`): the 8 statistics averaged over the query heads of *every* KV head
+of the layer that still holds the same token — what the other heads' queries make of it, where ``attn`` gives only its
+own group's. And ``age`` (the scorer input ``age``, not an attention statistic): ``log(1 + a)`` for a key written
 ``a`` tokens before the newest fed token. The key after RoPE does not tell its age (its rotation is by absolute position
 and the scorer does not see the current one), so without it a scorer cannot tell an old key whose running sums grew
 with time from a young one that is attended now — what KVpop's per-head temporal decay adds to its scores.
@@ -41,11 +43,12 @@ DECAY = 0.9
 ALL_LAYERS_MAX_VALUES = 1 << 19
 
 
-SCORER_INPUTS = ("key", "value", "attn", "age")  # the input groups a scorer may read, in its input vector's order
+SCORER_INPUTS = ("key", "value", "attn", "heads", "age")  # the input groups a scorer may read, in its input vector's order
+STAT_INPUTS = ("attn", "heads")  # the input groups read from the attention statistics
 
 
 def feature_dim(head_dim: int, group: int, features=("key", "value", "attn")) -> int:
-    """Input width of a scorer: [key; value; 8 statistics × G query heads; age]."""
+    """Input width of a scorer: [key; value; 8 statistics × G query heads; 8 statistics over the layer's heads; age]."""
     d = 0
     if "key" in features:
         d += head_dim
@@ -53,6 +56,8 @@ def feature_dim(head_dim: int, group: int, features=("key", "value", "attn")) ->
         d += head_dim
     if "attn" in features:
         d += len(STAT_NAMES) * group
+    if "heads" in features:
+        d += len(STAT_NAMES)
     if "age" in features:
         d += 1
     return d
@@ -73,3 +78,20 @@ def stat_vector(stats) -> torch.Tensor:
     """The scorer's attention input: statistics ``{name: [..., g, n]}`` -> ``[..., n, 8*g]`` in STAT_NAMES order,
     query heads innermost (the same layout in training, in the cache and in the kvpress adapter)."""
     return torch.stack([stats[k] for k in STAT_NAMES], dim=-1).movedim(-3, -1).flatten(-2)
+
+
+def head_mean(values: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """``values`` [..., h, n, S] per slot of each KV head, ``token`` [..., h, n] the token each slot holds (any integer
+    naming it within one leading index; slots of one head hold distinct tokens) -> [..., h, n, S]: per slot, the mean
+    of ``values`` over the KV heads whose slots hold the same token, its own included (the heads evict independently,
+    so the same token sits in another slot of each head, or in none). Memory grows with the slots, not the sequence."""
+    *lead, h, n, S = values.shape
+    rows = values.reshape(-1, h * n, S)
+    key = token.reshape(rows.shape[0], h * n).long()
+    span = int(key.max()) - int(key.min()) + 1 if key.numel() else 1
+    key = (key - key.min()) + torch.arange(rows.shape[0], device=key.device)[:, None] * span
+    _, group = torch.unique(key.reshape(-1), return_inverse=True)
+    flat = rows.reshape(-1, S).float()
+    sums = flat.new_zeros(int(group.max()) + 1 if group.numel() else 0, S).index_add_(0, group, flat)
+    counts = flat.new_zeros(sums.shape[0]).index_add_(0, group, flat.new_ones(group.shape[0]))
+    return (sums[group] / counts[group, None]).view(values.shape)

@@ -3,7 +3,9 @@ evicts by it.
 
 Input per candidate (detached from the LLM): ``[key; value; attention statistics]`` — the key after the k-norm
 and RoPE, the value, and the 8 statistics of :mod:`foresight.features` for each query head of the group — and, for a
-scorer built with ``features`` holding ``"age"``, ``log(1 + age)`` of the key (:func:`foresight.features.age_feature`).
+scorer built with ``features`` holding ``"heads"``, the same token's log-statistics averaged over every KV head of the
+layer that holds it (:func:`foresight.features.head_mean`), with ``"age"``, ``log(1 + age)`` of the key
+(:func:`foresight.features.age_feature`).
 Normalisation (the released code creates a LayerNorm and never uses it): statistics are compressed with
 ``log(x + 1e-6)`` (they are probabilities spanning orders of magnitude), then the whole input vector goes
 through a LayerNorm with a learnable affine per (layer, KV head). Output: an eviction score per candidate
@@ -19,7 +21,8 @@ import torch
 from torch import nn
 
 from foresight import features
-from foresight.features import SCORER_INPUTS, STAT_NAMES, age_feature, feature_dim, stat_vector, token_age
+from foresight.features import SCORER_INPUTS, STAT_INPUTS, STAT_NAMES, age_feature, feature_dim, head_mean, stat_vector, \
+    token_age
 from foresight.models import describe
 from foresight.policies.base import Policy
 
@@ -58,23 +61,31 @@ class ScorerBank(nn.Module):
 
     def inputs(self, view) -> torch.Tensor:
         """Detached fp32 scorer inputs [nl, b, h, n, D_in] from an :class:`~foresight.view.EvictionView`."""
-        return self.assemble(view.keys, view.values, view.stats, self.ages(view))
+        return self.assemble(view.keys, view.values, view.stats, self.ages(view), view.token)
 
     def ages(self, view) -> torch.Tensor | None:
         """The view's slot ages [nl, b, h, n] when this scorer reads them (else None)."""
         return token_age(view.token, view.seen) if "age" in self.features else None
 
-    def assemble(self, keys: torch.Tensor, values: torch.Tensor, stats, age: torch.Tensor | None = None) -> torch.Tensor:
-        """Detached fp32 scorer inputs [..., n, D_in] from keys and values [..., n, d], the statistics
-        ``{name: [..., g, n]}`` (read only when the scorer uses attention) and the ages in tokens ``[..., n]`` (read only
-        when it uses age): the one place they are put together, for training, the cache and the kvpress adapter alike."""
+    def assemble(self, keys: torch.Tensor, values: torch.Tensor, stats, age: torch.Tensor | None = None,
+                 token: torch.Tensor | None = None) -> torch.Tensor:
+        """Detached fp32 scorer inputs [..., n, D_in] from keys and values [..., h, n, d], the statistics
+        ``{name: [..., h, g, n]}`` (read only when the scorer uses attention), the ages in tokens ``[..., h, n]`` (read
+        only when it uses age) and the tokens the slots hold ``[..., h, n]`` (read only when it uses ``heads``): the one
+        place they are put together, for training, the cache and the kvpress adapter alike."""
         parts = []
         if "key" in self.features:
             parts.append(keys.detach().float())
         if "value" in self.features:
             parts.append(values.detach().float())
+        logs = torch.log(stat_vector(stats).detach().float() + 1e-6) if set(STAT_INPUTS) & set(self.features) else None
         if "attn" in self.features:
-            parts.append(torch.log(stat_vector(stats).detach().float() + 1e-6))
+            parts.append(logs)
+        if "heads" in self.features:
+            if token is None:
+                raise ValueError("this scorer reads the statistics of every KV head (scorer.features holds 'heads') but "
+                                 "no token indices were given")
+            parts.append(head_mean(logs.unflatten(-1, (len(STAT_NAMES), self.group)).mean(-1), token))
         if "age" in self.features:
             if age is None:
                 raise ValueError("this scorer reads the keys' age (scorer.features holds 'age') but none was given")
@@ -109,7 +120,9 @@ class ScorerBank(nn.Module):
         return {"num_layers": self.num_layers, "num_key_value_heads": self.kv_heads, "head_dim": self.head_dim,
                 "group": self.group, "hidden": self.hidden, "activation": self.activation,
                 "features": list(self.features), "stats": list(STAT_NAMES), "d_in": self.d_in,
-                "normalisation": "log(stats+1e-6), " + ("log1p(age), " if "age" in self.features else "")
+                "normalisation": "log(stats+1e-6), " + ("heads: the log-statistics' mean over the group, then over the "
+                                                        "KV heads holding the token, " if "heads" in self.features else "")
+                                 + ("log1p(age), " if "age" in self.features else "")
                                  + "layernorm + affine per (layer, kv head)"}
 
 
@@ -120,7 +133,8 @@ class LearnedPolicy(Policy):
 
     def __init__(self, bank: ScorerBank, label: str = "foresight"):
         self.bank, self.name = bank, label
-        self.reads = None if "attn" in bank.features else frozenset()  # a key/value-only scorer needs no attention
+        # a key/value-only scorer needs no attention
+        self.reads = None if set(STAT_INPUTS) & set(bank.features) else frozenset()
 
     @torch.no_grad()
     def score(self, view):
@@ -133,13 +147,14 @@ class LearnedPolicy(Policy):
         step = max(1, features.ALL_LAYERS_MAX_VALUES // max(per_layer, 1))
         if step >= nl:
             return self.bank(self.bank.inputs(view).to(p.device)).to(view.keys.device)
-        attn = "attn" in self.bank.features
+        attn = bool(set(STAT_INPUTS) & set(self.bank.features))
         age = self.bank.ages(view)
         out = view.keys.new_empty((nl, b, h, n), dtype=torch.float32)
         for lo in range(0, nl, step):
             sl = slice(lo, lo + step)
             stats = {k: view.stats[k][sl] for k in STAT_NAMES} if attn else {}
-            x = self.bank.assemble(view.keys[sl], view.values[sl], stats, None if age is None else age[sl])
+            x = self.bank.assemble(view.keys[sl], view.values[sl], stats, None if age is None else age[sl],
+                                   view.token[sl])
             out[sl] = self.bank.forward_layers(sl, x.to(p.device)).to(out.device)
         return out
 

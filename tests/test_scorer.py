@@ -81,3 +81,64 @@ def test_an_age_scorer_scores_the_same_one_layer_at_a_time(monkeypatch):
     assert torch.allclose(LearnedPolicy(bank).score(view), whole, atol=1e-6)
     older = dataclasses.replace(view, seen=view.seen + 100)  # the same slots, every key 100 tokens older
     assert not torch.allclose(LearnedPolicy(bank).score(older), whole)
+
+
+def test_head_mean_averages_each_token_over_the_kv_heads_that_hold_it():
+    from foresight.features import head_mean
+
+    gen = torch.Generator().manual_seed(5)
+    lead, h, n, S, seen = (2, 3), 4, 6, 5, 11
+    token = torch.stack([torch.randperm(seen, generator=gen)[:n] for _ in range(2 * 3 * h)]).view(*lead, h, n)
+    token[0, 1, 2, 0] = -1  # padding slots: -1, in several heads of one row
+    token[0, 1, 3, 4] = -1
+    values = torch.randn(*lead, h, n, S, generator=gen)
+    got = head_mean(values, token)
+    for i in range(2):
+        for j in range(3):
+            for a in range(h):
+                for s in range(n):
+                    same = token[i, j] == token[i, j, a, s]  # [h, n]: the slots holding this token, in every head
+                    assert same.sum() <= h
+                    want = values[i, j][same].mean(0)
+                    assert torch.allclose(got[i, j, a, s], want, atol=1e-6)
+    # a token in one head only keeps its own values; the rows (leading indices) never mix
+    alone = (token[..., None, None] == token[..., None, None, :, :].transpose(-3, -4)).flatten(-2).sum(-1) == 1
+    assert alone.any() and torch.allclose(got[alone], values[alone])
+    assert torch.equal(head_mean(values[:1], token[:1]), got[:1])
+
+
+def test_a_heads_scorer_reads_the_other_kv_heads_statistics_of_the_same_token(monkeypatch):
+    """`heads`: 8 more inputs, the group-mean log-statistics averaged over the KV heads holding the token; changing
+    another head's statistics of a shared token changes them, of a token that head alone holds does not; the
+    layer-sliced path gives the same scores."""
+    from foresight import features
+    from foresight.features import STAT_NAMES
+    from foresight.scorer import LearnedPolicy
+
+    view = hand_view()
+    view.token[:, :, 1] = torch.roll(view.token[:, :, 1], 1, dims=-1)  # head 1 holds the tokens in other slots
+    free = sorted(set(range(view.seen)) - set(view.token[0, 0, 0].tolist()) - set(view.token[0, 0, 1].tolist()))
+    view.token[:, 0, 1, 0] = free[0]  # ... and one token head 0 does not hold
+    plain = ScorerBank(3, 2, 8, 2, hidden=8, seed=2)
+    bank = ScorerBank(3, 2, 8, 2, hidden=8, features=("key", "value", "attn", "heads"), seed=2)
+    assert bank.d_in == plain.d_in + len(STAT_NAMES) and bank.spec()["features"][-1] == "heads"
+    x = bank.inputs(view)
+    assert torch.equal(x[..., :plain.d_in], plain.inputs(view))
+    logs = torch.stack([torch.log(view.stats[k] + 1e-6) for k in STAT_NAMES], -1).mean(-3)  # [nl, b, h, n, 8]
+    tok = view.token[0, 0]
+    s1 = int((tok[1] == tok[0, 3]).nonzero())  # where head 1 holds head 0's slot-3 token
+    assert torch.allclose(x[0, 0, 0, 3, plain.d_in:], (logs[0, 0, 0, 3] + logs[0, 0, 1, s1]) / 2, atol=1e-6)
+    assert torch.allclose(x[0, 0, 1, 0, plain.d_in:], logs[0, 0, 1, 0], atol=1e-6)  # head 1's own token
+    with pytest.raises(ValueError, match="no token indices"):
+        bank.assemble(view.keys, view.values, view.stats)
+    moved = {k: v.clone() for k, v in view.stats.items()}
+    for k in STAT_NAMES:
+        moved[k][0, 0, 1, :, s1] += 0.3  # head 1's statistics of the shared token
+        moved[k][0, 0, 1, :, 0] += 0.3  # ... and of its own token
+    y = bank.inputs(dataclasses.replace(view, stats=moved))
+    assert not torch.allclose(y[0, 0, 0, 3], x[0, 0, 0, 3])
+    other = [s for s in range(tok.shape[-1]) if s != 3 and tok[0, s] >= 0]
+    assert torch.equal(y[0, 0, 0, other], x[0, 0, 0, other])
+    whole = LearnedPolicy(bank).score(view)
+    monkeypatch.setattr(features, "ALL_LAYERS_MAX_VALUES", 1)
+    assert torch.allclose(LearnedPolicy(bank).score(view), whole, atol=1e-6)

@@ -94,7 +94,7 @@ class ForesightPress(ScorerPress):
         dec = DECAY * dec + st["sum"]
         st["cum"], st["decay"] = cum, dec
         with torch.no_grad():
-            keep = -self.bank.forward_layer(layer, self.bank.assemble(keys, values, st, age=last - pos))
+            keep = -self.bank.forward_layer(layer, self.bank.assemble(keys, values, st, age=last - pos, token=pos))
         if self.protect_recent:
             keep[..., max(0, n - self.protect_recent):] = float("inf")
         keep = keep.to(keys.dtype)

@@ -125,9 +125,10 @@ def test_readme_kvpress_snippet_runs(tmp_path, monkeypatch):
 def test_an_age_scorer_sees_each_kept_pair_s_age_across_compressions(tmp_path):
     """The press carries the kept pairs' positions in kvpress's order: at the first compression the cache holds every
     position in order (ages n-1 .. 0); at each later one a carried pair is older by exactly the tokens fed since, and
-    it is the pair the previous compression kept (the same key)."""
+    it is the pair the previous compression kept (the same key). A `heads` scorer gets each pair's position as its token
+    (what matches a token across the KV heads)."""
     model, _ = tiny(tmp_path)
-    bank = ScorerBank(2, 2, 16, 2, seed=1, features=("key", "value", "attn", "age"))
+    bank = ScorerBank(2, 2, 16, 2, seed=1, features=("key", "value", "attn", "heads", "age"))
     info = {"model_type": "qwen3", "num_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
             "head_dim": 16, "name_or_path": "tiny"}
     save_scorer(bank, tmp_path / "age", info, budget=24, interval=8, sinks=0, stage="sft")
@@ -141,9 +142,10 @@ def test_an_age_scorer_sees_each_kept_pair_s_age_across_compressions(tmp_path):
         ForesightPress.post_init_from_model(inner, model_)
         orig_assemble = inner.bank.assemble
 
-        def assemble(keys, values, stats, age=None):
+        def assemble(keys, values, stats, age=None, token=None):
+            assert torch.equal(token + age, torch.full_like(age, int((token + age).flatten()[0])))  # positions
             calls.append((keys.clone(), age.clone()))
-            return orig_assemble(keys, values, stats, age)
+            return orig_assemble(keys, values, stats, age, token)
 
         inner.bank.assemble = assemble
 
