@@ -16,7 +16,8 @@ ENGINE = {"models", "rollout", "cache_fork", "generate", "static_step", "recorde
           "kvpop.target", "kvpop.scorers"}
 PLUMBING = {"training", "checkpoint", "plots", "methods", "references", "report", "divergence", "styles", "completions",
             "golden_store", "eval_resume", "realbench_report", "paired", "compare", "trace_metrics", "grpo_objective",
-            "grpo_rollout", "grpo_validation", "shared_prefixes", "trace_references", "ranking", "stage_inputs"}
+            "grpo_rollout", "grpo_validation", "shared_prefixes", "trace_references", "ranking", "stage_inputs",
+            "realbench_goals"}
 STAGES = {"traces", "sft", "grpo", "kvpop.train", "evaluate"}
 ENTRY = {"", "cli", "__main__", "demo", "bench", "gpubench", "integrations", "kvpop", "opcount", "realbench", "predictability",
          "grpo_noise"}

@@ -72,7 +72,7 @@ def _row(method, B, lr, ci, low=0.1, low_ci=(0.09, 0.11)):
 
 
 def test_goal_checks_compare_intervals_and_twice_the_budget():
-    from foresight.realbench_report import goal_checks, grpo_vs_sft
+    from foresight.realbench_goals import goal_checks, grpo_vs_sft
 
     rows = [_row("foresight-sft", 128, 1.10, (1.08, 1.12), 0.2, (0.18, 0.22)),
             _row("foresight-grpo", 128, 1.12, (1.09, 1.15), 0.1, (0.09, 0.11)),
@@ -103,7 +103,7 @@ def test_paired_difference_separates_what_trace_difficulty_hides():
     """Two methods on the same 40 traces of very different difficulty: each one's own interval is wide and they
     overlap, but the learned one is lower on every trace, which the paired interval of the difference shows; the
     traces are matched by their full-cache loss whatever order the rows list them in."""
-    from foresight.realbench_report import goal_checks
+    from foresight.realbench_goals import goal_checks
     from foresight.report import bootstrap_ci, paired_ratio_diff_ci
 
     rng = np.random.default_rng(0)

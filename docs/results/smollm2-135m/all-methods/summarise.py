@@ -5,7 +5,7 @@ import json
 import sys
 from pathlib import Path
 
-from foresight.realbench_report import goal_checks
+from foresight.realbench_goals import goal_checks
 from foresight.report import paired_ratio_diff_ci
 
 here = Path(__file__).parent
