@@ -17,7 +17,7 @@ ENGINE = {"models", "rollout", "cache_fork", "generate", "static_step", "recorde
 PLUMBING = {"training", "checkpoint", "plots", "methods", "references", "report", "divergence", "styles", "completions",
             "golden_store", "eval_resume", "realbench_report", "paired", "compare", "trace_metrics", "grpo_objective",
             "grpo_rollout", "grpo_validation", "shared_prefixes", "trace_references", "ranking", "stage_inputs",
-            "realbench_goals"}
+            "realbench_goals", "eval_generation"}
 STAGES = {"traces", "sft", "grpo", "kvpop.train", "evaluate"}
 ENTRY = {"", "cli", "__main__", "demo", "bench", "gpubench", "integrations", "kvpop", "opcount", "realbench", "predictability",
          "grpo_noise"}
