@@ -86,12 +86,14 @@ def head_mean(values: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
     of ``values`` over the KV heads whose slots hold the same token, its own included (the heads evict independently,
     so the same token sits in another slot of each head, or in none). Memory grows with the slots, not the sequence."""
     *lead, h, n, S = values.shape
+    if values.numel() == 0:
+        return values.float()
     rows = values.reshape(-1, h * n, S)
     key = token.reshape(rows.shape[0], h * n).long()
-    span = int(key.max()) - int(key.min()) + 1 if key.numel() else 1
+    span = int(key.max()) - int(key.min()) + 1
     key = (key - key.min()) + torch.arange(rows.shape[0], device=key.device)[:, None] * span
     _, group = torch.unique(key.reshape(-1), return_inverse=True)
     flat = rows.reshape(-1, S).float()
-    sums = flat.new_zeros(int(group.max()) + 1 if group.numel() else 0, S).index_add_(0, group, flat)
+    sums = flat.new_zeros(int(group.max()) + 1, S).index_add_(0, group, flat)
     counts = flat.new_zeros(sums.shape[0]).index_add_(0, group, flat.new_ones(group.shape[0]))
     return (sums[group] / counts[group, None]).view(values.shape)

@@ -142,3 +142,9 @@ def test_a_heads_scorer_reads_the_other_kv_heads_statistics_of_the_same_token(mo
     whole = LearnedPolicy(bank).score(view)
     monkeypatch.setattr(features, "ALL_LAYERS_MAX_VALUES", 1)
     assert torch.allclose(LearnedPolicy(bank).score(view), whole, atol=1e-6)
+
+
+def test_head_mean_of_no_slots_is_empty():
+    from foresight.features import head_mean
+
+    assert head_mean(torch.zeros(2, 3, 0, 8), torch.zeros(2, 3, 0, dtype=torch.long)).shape == (2, 3, 0, 8)
