@@ -55,9 +55,9 @@ def plan(cache, q: int, tok_out: torch.Tensor | None = None, valid_out: torch.Te
         cache.stats.reset_block(cache.n)  # the block before the first eviction starts here
     tok = torch.arange(cache.seen, cache.seen + q, device=dev, out=tok_out)
     cache.chunk_real = valid is None
+    _first_real(cache, valid)
     if valid is None:  # every token is real (fed with all_real, or not fed: transformers' own generate)
         valid = cache.masks.all_real(b, q, dev)
-    _first_real(cache, valid if not cache.chunk_real else None)
     cache.chunk = Chunk(cache.n, q, valid, tok)
 
 
