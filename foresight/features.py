@@ -90,10 +90,17 @@ def head_mean(values: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
         return values.float()
     rows = values.reshape(-1, h * n, S)
     key = token.reshape(rows.shape[0], h * n).long()
-    span = int(key.max()) - int(key.min()) + 1
-    key = (key - key.min()) + torch.arange(rows.shape[0], device=key.device)[:, None] * span
+    key = key - key.min()
+    key = key + torch.arange(rows.shape[0], device=key.device)[:, None] * (int(key.max()) + 1)
     _, group = torch.unique(key.reshape(-1), return_inverse=True)
     flat = rows.reshape(-1, S).float()
     sums = flat.new_zeros(int(group.max()) + 1, S).index_add_(0, group, flat)
     counts = flat.new_zeros(sums.shape[0]).index_add_(0, group, flat.new_ones(group.shape[0]))
     return (sums[group] / counts[group, None]).view(values.shape)
+
+
+def heads_feature(log_stats: torch.Tensor, group: int, token: torch.Tensor) -> torch.Tensor:
+    """The scorer input ``heads``: log-statistics ``[..., h, n, 8*group]`` (:func:`stat_vector`'s layout, logged)
+    averaged over the group's query heads, then over the KV heads holding the same token (:func:`head_mean`) ->
+    ``[..., h, n, 8]``. One definition for the cache, the kvpress press and the stored golden examples."""
+    return head_mean(log_stats.unflatten(-1, (len(STAT_NAMES), group)).mean(-1), token)

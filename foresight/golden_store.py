@@ -31,7 +31,7 @@ import torch
 
 from foresight import atomic
 from foresight.config import EvictionSettings
-from foresight.features import STAT_NAMES, age_feature, head_mean, token_age
+from foresight.features import STAT_NAMES, age_feature, heads_feature, token_age
 from foresight.golden import GoldenPolicy, block_pooled_attention, eviction_steps, rows_per_pass
 from foresight.prompts import pad_rows
 from foresight.references import stack_padded
@@ -180,8 +180,8 @@ class GoldenStore:
         cols = feature_columns(bank.features, c.head_dim, c.group)
         x = data["x"][..., cols].float()
         if "heads" in bank.features:  # the slots' ages name their tokens within a step (one `seen` per step)
-            stats = data["x"][..., feature_columns(("attn",), c.head_dim, c.group)].float()
-            x = torch.cat([x, head_mean(stats.unflatten(-1, (len(STAT_NAMES), c.group)).mean(-1), data["age"])], dim=-1)
+            logs = data["x"][..., feature_columns(("attn",), c.head_dim, c.group)].float()  # stored logged
+            x = torch.cat([x, heads_feature(logs, c.group, data["age"])], dim=-1)
         if "age" in bank.features:
             x = torch.cat([x, age_feature(data["age"])], dim=-1)
         return [(x[k], data["future"][k], data["cand"][k]) for k in range(x.shape[0])]

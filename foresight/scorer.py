@@ -21,8 +21,8 @@ import torch
 from torch import nn
 
 from foresight import features
-from foresight.features import SCORER_INPUTS, STAT_INPUTS, STAT_NAMES, age_feature, feature_dim, head_mean, stat_vector, \
-    token_age
+from foresight.features import SCORER_INPUTS, STAT_INPUTS, STAT_NAMES, age_feature, feature_dim, heads_feature, \
+    stat_vector, token_age
 from foresight.models import describe
 from foresight.policies.base import Policy
 
@@ -59,6 +59,11 @@ class ScorerBank(nn.Module):
         self.b1 = nn.Parameter(torch.zeros(num_layers, kv_heads, hidden))
         self.w2 = nn.Parameter(torch.randn(num_layers, kv_heads, hidden, generator=g) / math.sqrt(hidden))
 
+    @property
+    def reads_attention(self) -> bool:
+        """Whether any input comes from the attention statistics (``attn``, ``heads``)."""
+        return bool(set(STAT_INPUTS) & set(self.features))
+
     def inputs(self, view) -> torch.Tensor:
         """Detached fp32 scorer inputs [nl, b, h, n, D_in] from an :class:`~foresight.view.EvictionView`."""
         return self.assemble(view.keys, view.values, view.stats, self.ages(view), view.token)
@@ -78,14 +83,14 @@ class ScorerBank(nn.Module):
             parts.append(keys.detach().float())
         if "value" in self.features:
             parts.append(values.detach().float())
-        logs = torch.log(stat_vector(stats).detach().float() + 1e-6) if set(STAT_INPUTS) & set(self.features) else None
+        logs = torch.log(stat_vector(stats).detach().float() + 1e-6) if self.reads_attention else None
         if "attn" in self.features:
             parts.append(logs)
         if "heads" in self.features:
             if token is None:
                 raise ValueError("this scorer reads the statistics of every KV head (scorer.features holds 'heads') but "
                                  "no token indices were given")
-            parts.append(head_mean(logs.unflatten(-1, (len(STAT_NAMES), self.group)).mean(-1), token))
+            parts.append(heads_feature(logs, self.group, token))
         if "age" in self.features:
             if age is None:
                 raise ValueError("this scorer reads the keys' age (scorer.features holds 'age') but none was given")
@@ -133,8 +138,7 @@ class LearnedPolicy(Policy):
 
     def __init__(self, bank: ScorerBank, label: str = "foresight"):
         self.bank, self.name = bank, label
-        # a key/value-only scorer needs no attention
-        self.reads = None if set(STAT_INPUTS) & set(bank.features) else frozenset()
+        self.reads = None if bank.reads_attention else frozenset()  # a key/value-only scorer needs no attention
 
     @torch.no_grad()
     def score(self, view):
@@ -147,7 +151,7 @@ class LearnedPolicy(Policy):
         step = max(1, features.ALL_LAYERS_MAX_VALUES // max(per_layer, 1))
         if step >= nl:
             return self.bank(self.bank.inputs(view).to(p.device)).to(view.keys.device)
-        attn = bool(set(STAT_INPUTS) & set(self.bank.features))
+        attn = self.bank.reads_attention
         age = self.bank.ages(view)
         out = view.keys.new_empty((nl, b, h, n), dtype=torch.float32)
         for lo in range(0, nl, step):
