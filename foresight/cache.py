@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache
 
-from foresight import cache_attention, cache_chunks, eviction, features, handoff
+from foresight import cache_attention, cache_chunks, eviction, features, handoff, rope_shift
 from foresight.config import EvictionSettings
 from foresight.layer_handle import LayerHandle
 from foresight.shapes import AttentionShape, text_config
@@ -141,9 +141,19 @@ class BoundedCache(Cache):
         W = features.QUERY_WINDOW  # decoding queries wait at most until the next eviction
         self.stats = SlotStatistics(self.accumulated(), nl, b, h, self.q_heads, d, cap,
                                     pending=W if self.full else max(self.settings.interval, W), device=dev, dtype=dt,
-                                    newest_kept=self.full or self.window >= W)
+                                    newest_kept=self.full or self.window >= W, shifts=self._shift_tables(dev))
         self.first_real = torch.full((b,), -1, device=dev, dtype=torch.long)  # each row's first real token
         self.all_started = False  # every row has had its first real token
+
+    def _shift_tables(self, device):
+        """The rotations of the ``ahead`` statistics (foresight.rope_shift) when the policy may read them, else None."""
+        reads = None if (self.full or self.recorder is not None) else getattr(self.policy, "reads", None)
+        if reads is not None and not set(reads) & set(features.AHEAD_NAMES):
+            return None
+        try:
+            return rope_shift.shift_tables(self.model_config, features.AHEAD_SHIFTS, device)
+        except (ValueError, KeyError, AttributeError):  # not a rotary model: asking for 'ahead' raises then
+            return None
 
     def accumulated(self) -> frozenset:
         """What this cache accumulates: what the policy reads; everything for a full cache or when steps are recorded."""

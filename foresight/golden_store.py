@@ -31,14 +31,14 @@ import torch
 
 from foresight import atomic
 from foresight.config import EvictionSettings
-from foresight.features import STAT_NAMES, age_feature, heads_feature, token_age
+from foresight.features import AHEAD_NAMES, SCORER_INPUTS, STAT_NAMES, age_feature, heads_feature, token_age
 from foresight.golden import GoldenPolicy, block_pooled_attention, eviction_steps, rows_per_pass
 from foresight.prompts import pad_rows
 from foresight.references import stack_padded
 from foresight.rollout import rollout
 from foresight.scorer import LearnedPolicy, ScorerBank, bank_for_model
 
-ALL_FEATURES = ("key", "value", "attn")  # the stored layout: [key; value; statistics]
+ALL_FEATURES = ("key", "value", "attn", "ahead")  # the stored layout: [key; value; statistics; ahead statistics]
 MAX_ROWS = 16  # traces per batched pass when filling the store (fewer when golden's memory bound says so)
 
 
@@ -61,10 +61,11 @@ def golden_examples(model, input_ids: torch.Tensor, bank: ScorerBank, settings: 
 
 
 def feature_columns(features, head_dim: int, group: int) -> list[int]:
-    """The columns of the stored [key; value; statistics] inputs that a scorer with ``features`` reads, in its order
-    (its ``age`` column, last, comes from the stored ages)."""
-    spans = {"key": range(0, head_dim), "value": range(head_dim, 2 * head_dim),
-             "attn": range(2 * head_dim, 2 * head_dim + len(STAT_NAMES) * group)}
+    """The columns of the stored [key; value; statistics; ahead statistics] inputs that a scorer with ``features``
+    reads, in its order (its ``heads`` and ``age`` columns are derived from the stored statistics and ages)."""
+    a = 2 * head_dim + len(STAT_NAMES) * group
+    spans = {"key": range(0, head_dim), "value": range(head_dim, 2 * head_dim), "attn": range(2 * head_dim, a),
+             "ahead": range(a, a + len(AHEAD_NAMES) * group)}
     return [c for f in ALL_FEATURES if f in features for c in spans[f]]
 
 
@@ -85,7 +86,7 @@ class GoldenStore:
         blob = {"model": [str(getattr(self.model.config, "_name_or_path", "")), str(p.dtype),
                           sum(x.numel() for x in self.model.parameters())],
                 "settings": dataclasses.astuple(self.settings.replace(selection="topk")),
-                "pool": self.pool, "steps": self.steps, "seed": self.seed, "layout": 2}  # 2: with the slots' ages
+                "pool": self.pool, "steps": self.steps, "seed": self.seed, "layout": 3}  # 3: with the ahead statistics
         if self.behaviour is not None:  # its states depend on its weights: they are part of the key
             digest = hashlib.sha256()
             for name, t in sorted(self.behaviour.state_dict().items()):
@@ -177,11 +178,14 @@ class GoldenStore:
         """The trace's examples as :func:`golden_examples` gives them, with the inputs ``bank`` reads."""
         data = self.compute(row)
         c = self.full
-        cols = feature_columns(bank.features, c.head_dim, c.group)
-        x = data["x"][..., cols].float()
-        if "heads" in bank.features:  # the slots' ages name their tokens within a step (one `seen` per step)
-            logs = data["x"][..., feature_columns(("attn",), c.head_dim, c.group)].float()  # stored logged
-            x = torch.cat([x, heads_feature(logs, c.group, data["age"])], dim=-1)
-        if "age" in bank.features:
-            x = torch.cat([x, age_feature(data["age"])], dim=-1)
+        parts = []
+        for f in (f for f in SCORER_INPUTS if f in bank.features):  # the order ScorerBank.assemble puts them in
+            if f == "heads":  # the slots' ages name their tokens within a step (one `seen` per step)
+                logs = data["x"][..., feature_columns(("attn",), c.head_dim, c.group)].float()  # stored logged
+                parts.append(heads_feature(logs, c.group, data["age"]))
+            elif f == "age":
+                parts.append(age_feature(data["age"]))
+            else:
+                parts.append(data["x"][..., feature_columns((f,), c.head_dim, c.group)].float())
+        x = torch.cat(parts, dim=-1)
         return [(x[k], data["future"][k], data["cand"][k]) for k in range(x.shape[0])]

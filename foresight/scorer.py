@@ -4,8 +4,9 @@ evicts by it.
 Input per candidate (detached from the LLM): ``[key; value; attention statistics]`` — the key after the k-norm
 and RoPE, the value, and the 8 statistics of :mod:`foresight.features` for each query head of the group — and, for a
 scorer built with ``features`` holding ``"heads"``, the same token's log-statistics averaged over every KV head of the
-layer that holds it (:func:`foresight.features.head_mean`), with ``"age"``, ``log(1 + age)`` of the key
-(:func:`foresight.features.age_feature`).
+layer that holds it (:func:`foresight.features.head_mean`), with ``"ahead"``, the recent queries' attention as if
+they were 16–128 tokens later (``features.AHEAD_NAMES``, per query head of the group), with ``"age"``,
+``log(1 + age)`` of the key (:func:`foresight.features.age_feature`).
 Normalisation (the released code creates a LayerNorm and never uses it): statistics are compressed with
 ``log(x + 1e-6)`` (they are probabilities spanning orders of magnitude), then the whole input vector goes
 through a LayerNorm with a learnable affine per (layer, KV head). Output: an eviction score per candidate
@@ -21,8 +22,8 @@ import torch
 from torch import nn
 
 from foresight import features
-from foresight.features import SCORER_INPUTS, STAT_INPUTS, STAT_NAMES, age_feature, feature_dim, heads_feature, \
-    stat_vector, token_age
+from foresight.features import AHEAD_NAMES, SCORER_INPUTS, STAT_INPUTS, STAT_NAMES, age_feature, feature_dim, \
+    heads_feature, stat_vector, token_age
 from foresight.models import describe
 from foresight.policies.base import Policy
 
@@ -61,8 +62,14 @@ class ScorerBank(nn.Module):
 
     @property
     def reads_attention(self) -> bool:
-        """Whether any input comes from the attention statistics (``attn``, ``heads``)."""
+        """Whether any input comes from the attention statistics (``attn``, ``heads``, ``ahead``)."""
         return bool(set(STAT_INPUTS) & set(self.features))
+
+    @property
+    def stat_names(self) -> tuple:
+        """The names of the view's statistics this scorer reads."""
+        block = STAT_NAMES if {"attn", "heads"} & set(self.features) else ()
+        return block + (AHEAD_NAMES if "ahead" in self.features else ())
 
     def inputs(self, view) -> torch.Tensor:
         """Detached fp32 scorer inputs [nl, b, h, n, D_in] from an :class:`~foresight.view.EvictionView`."""
@@ -83,7 +90,8 @@ class ScorerBank(nn.Module):
             parts.append(keys.detach().float())
         if "value" in self.features:
             parts.append(values.detach().float())
-        logs = torch.log(stat_vector(stats).detach().float() + 1e-6) if self.reads_attention else None
+        reads_block = bool({"attn", "heads"} & set(self.features))
+        logs = torch.log(stat_vector(stats).detach().float() + 1e-6) if reads_block else None
         if "attn" in self.features:
             parts.append(logs)
         if "heads" in self.features:
@@ -91,6 +99,8 @@ class ScorerBank(nn.Module):
                 raise ValueError("this scorer reads the statistics of every KV head (scorer.features holds 'heads') but "
                                  "no token indices were given")
             parts.append(heads_feature(logs, self.group, token))
+        if "ahead" in self.features:
+            parts.append(torch.log(stat_vector(stats, AHEAD_NAMES).detach().float() + 1e-6))
         if "age" in self.features:
             if age is None:
                 raise ValueError("this scorer reads the keys' age (scorer.features holds 'age') but none was given")
@@ -124,7 +134,7 @@ class ScorerBank(nn.Module):
     def spec(self) -> dict:
         return {"num_layers": self.num_layers, "num_key_value_heads": self.kv_heads, "head_dim": self.head_dim,
                 "group": self.group, "hidden": self.hidden, "activation": self.activation,
-                "features": list(self.features), "stats": list(STAT_NAMES), "d_in": self.d_in,
+                "features": list(self.features), "stats": list(self.stat_names or STAT_NAMES), "d_in": self.d_in,
                 "normalisation": "log(stats+1e-6), " + ("heads: the log-statistics' mean over the group, then over the "
                                                         "KV heads holding the token, " if "heads" in self.features else "")
                                  + ("log1p(age), " if "age" in self.features else "")
@@ -138,7 +148,7 @@ class LearnedPolicy(Policy):
 
     def __init__(self, bank: ScorerBank, label: str = "foresight"):
         self.bank, self.name = bank, label
-        self.reads = None if bank.reads_attention else frozenset()  # a key/value-only scorer needs no attention
+        self.reads = frozenset(bank.stat_names)  # a key/value-only scorer needs no attention
 
     @torch.no_grad()
     def score(self, view):
@@ -156,7 +166,7 @@ class LearnedPolicy(Policy):
         out = view.keys.new_empty((nl, b, h, n), dtype=torch.float32)
         for lo in range(0, nl, step):
             sl = slice(lo, lo + step)
-            stats = {k: view.stats[k][sl] for k in STAT_NAMES} if attn else {}
+            stats = {k: view.stats[k][sl] for k in self.bank.stat_names} if attn else {}
             x = self.bank.assemble(view.keys[sl], view.values[sl], stats, None if age is None else age[sl],
                                    view.token[sl])
             out[sl] = self.bank.forward_layers(sl, x.to(p.device)).to(out.device)

@@ -14,7 +14,7 @@ import copy
 
 import torch
 
-from foresight import features
+from foresight import features, rope_shift
 from foresight.slot_attention import causal_block, grouped_matmul, probabilities
 from foresight.view import LazyStats
 
@@ -27,6 +27,7 @@ _ACCUMULATION = {"sum": "sum", "cum": "sum", "decay": "sum", "max": "max", "min"
 ALL_ACCUMULATIONS = frozenset({"sum", "max", "min", "window"})
 PROB_ACCUMULATIONS = frozenset({"sum", "max", "min"})  # those that need each chunk's attention probabilities
 WINDOW_KEYS = frozenset({f"w{w}" for w in features.WINDOWS} | {"pivot32"})
+AHEAD_KEYS = frozenset(features.AHEAD_NAMES)
 
 
 def accumulations(reads) -> frozenset:
@@ -50,12 +51,15 @@ class SlotStatistics:
     ``needs``: what is accumulated (see :func:`accumulations`). ``pending``: how many decoding queries can wait.
     ``newest_kept``: the cache never evicts its newest W = ``features.QUERY_WINDOW`` slots (its protected window is at
     least W, or it never evicts), so without padding they hold the tokens of the kept queries: the window sums take
-    their causal fast path without checking that on the device."""
+    their causal fast path without checking that on the device. ``shifts``: the rotations of the ``ahead``
+    statistics (:func:`foresight.rope_shift.shift_tables`, one per ``features.AHEAD_SHIFTS``; None: not offered)."""
 
     def __init__(self, needs: frozenset, num_layers: int, batch: int, kv_heads: int, q_heads: int, head_dim: int,
-                 capacity: int, pending: int, device, dtype, newest_kept: bool = False):
+                 capacity: int, pending: int, device, dtype, newest_kept: bool = False,
+                 shifts: torch.Tensor | None = None):
         nl, b, h, d = num_layers, batch, kv_heads, head_dim
         self.needs, self.num_layers, self.head_dim, self.newest_kept = needs, num_layers, head_dim, newest_kept
+        self.shifts = shifts
         self.kv_bytes = torch.empty((), dtype=dtype).element_size()  # of the cache's keys and values
         # only the rows of what is accumulated (none for a policy that reads no block statistic), in STAT_ORDER, so
         # that the rows a block reset zeroes (sum, max) come first and min, which starts at +inf, comes last
@@ -240,16 +244,19 @@ class SlotStatistics:
         self.n_pending = 0
 
     # ---------------------------------------------------------------------------------------- read-out
-    def window_stats(self, keys, token, n: int, padded: bool, scaling: float, layers_per_slice: int = 0) -> dict:
-        """Sums over the last 1/8/16/32 queries and Scissorhands' ``pivot32`` counts, recomputed from the kept
-        queries against the first n slots (see features.py). Their probabilities [layers, b, H, 32, n] are computed
-        for all layers at once up to ``features.ALL_LAYERS_MAX_VALUES``, above it ``layers_per_slice`` layers at a
-        time: the cache passes interval // 32, so a slice is at most one layer's attention of a chunk (b·H·L·n)."""
+    def window_stats(self, keys, token, n: int, padded: bool, scaling: float, layers_per_slice: int = 0,
+                     ahead: bool = False) -> dict:
+        """Sums over the last 1/8/16/32 queries and Scissorhands' ``pivot32`` counts (``ahead``: the ``a{Δ}`` sums of the
+        same queries rotated Δ positions on instead), recomputed from the kept queries against the first n slots (see
+        features.py). Their probabilities [layers, b, H, 32, n] are computed for all layers at once up to
+        ``features.ALL_LAYERS_MAX_VALUES``, above it ``layers_per_slice`` layers at a time: the cache passes
+        interval // 32, so a slice is at most one layer's attention of a chunk (b·H·L·n)."""
         nl, b, hq, W, _ = self.recent_q.shape
         step = layers_per_slice or nl
+        part = self._ahead_slice if ahead else self._window_slice
         if step >= nl or nl * b * hq * W * n <= features.ALL_LAYERS_MAX_VALUES:
-            return self._window_slice(slice(None), keys, token, n, padded, scaling)
-        parts = [self._window_slice(slice(lo, lo + step), keys, token, n, padded, scaling) for lo in range(0, nl, step)]
+            return part(slice(None), keys, token, n, padded, scaling)
+        parts = [part(slice(lo, lo + step), keys, token, n, padded, scaling) for lo in range(0, nl, step)]
         return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
     def _newest_are_recent(self, newest: torch.Tensor) -> bool:
@@ -267,8 +274,10 @@ class SlotStatistics:
             t = self._shares[(n, W, device)] = 1.0 / seen
         return t
 
-    def _window_slice(self, layers: slice, keys, token, n: int, padded: bool, scaling: float) -> dict:
-        recent_q = self.recent_q[layers]
+    def _recent_probs(self, recent_q, keys, token, layers: slice, n: int, padded: bool, scaling: float):
+        """Attention of the kept queries ``recent_q`` [nl', b, H, W, d] to the first n slots of ``layers``, each
+        over the keys it sees (by token index) -> (probs [nl', b, h, g, W, n], the visibility mask or None when
+        only the newest [W, W] block is causal)."""
         nl, b, hq, W, d = recent_q.shape
         h = keys.shape[2]
         g = hq // h
@@ -279,20 +288,36 @@ class SlotStatistics:
             # the W queries are the tokens of the newest W slots (no padding): only that [W, W] block is causal,
             # and query i sees the n - W + i + 1 keys up to itself
             scores[..., n - W:].sub_(causal_block(W, scores.device))
-            probs = scores.softmax(-1)
-            hits = probs >= self._uniform_share(n, W, scores.device)  # a hidden key has probability 0: never a hit
+            return scores.softmax(-1), None
+        vis = (ktok[:, :, :, None, None, :] <= self.recent_token[None, None, None, None, :, None]) & \
+              (ktok >= 0)[:, :, :, None, None, :]
+        vis = vis & (self.recent_token >= 0)[None, None, None, None, :, None]
+        probs = scores.masked_fill(~vis, float("-inf")).softmax(-1).nan_to_num(0.0)
+        return probs * self.recent_valid[None, :, None, None, :, None], vis
+
+    def _window_slice(self, layers: slice, keys, token, n: int, padded: bool, scaling: float) -> dict:
+        recent_q = self.recent_q[layers]
+        W = recent_q.shape[3]
+        probs, vis = self._recent_probs(recent_q, keys, token, layers, n, padded, scaling)
+        if vis is None:
+            hits = probs >= self._uniform_share(n, W, probs.device)  # a hidden key has probability 0: never a hit
         else:
-            vis = (ktok[:, :, :, None, None, :] <= self.recent_token[None, None, None, None, :, None]) & \
-                  (ktok >= 0)[:, :, :, None, None, :]
-            vis = vis & (self.recent_token >= 0)[None, None, None, None, :, None]
-            probs = scores.masked_fill(~vis, float("-inf")).softmax(-1).nan_to_num(0.0)
-            probs = probs * self.recent_valid[None, :, None, None, :, None]
             seen = vis.sum(-1, keepdim=True).clamp(min=1)
             hits = (probs >= 1.0 / seen) & vis
         out = {"pivot32": hits.sum(-2, dtype=torch.float32)}  # Scissorhands' counts
         for w in features.WINDOWS:
             out[f"w{w}"] = probs[..., -w:, :].sum(-2)
         return out
+
+    def _ahead_slice(self, layers: slice, keys, token, n: int, padded: bool, scaling: float) -> dict:
+        """The ``a{Δ}`` statistics: the kept queries rotated Δ positions on, each over the keys it sees."""
+        if self.shifts is None:
+            raise ValueError("the 'ahead' statistics need the model's RoPE (foresight.rope_shift), and this cache "
+                             "was made without it")
+        recent_q = self.recent_q[layers]
+        return {name: self._recent_probs(rope_shift.rotate(recent_q, table), keys, token, layers, n, padded,
+                                         scaling)[0].sum(-2)
+                for name, table in zip(features.AHEAD_NAMES, self.shifts)}
 
     def min_stat(self, n: int) -> torch.Tensor:
         return torch.nan_to_num(self.min[..., :n], posinf=0.0)  # 0 for a key no block query saw
@@ -310,6 +335,8 @@ class SlotStatistics:
         if "window" in self.needs:
             lazy.append((WINDOW_KEYS, lambda: (check(), self.window_stats(slots.keys, slots.token, n, padded, scaling,
                                                                         layers_per_slice))[1]))
+            lazy.append((AHEAD_KEYS, lambda: (check(), self.window_stats(slots.keys, slots.token, n, padded,
+                                                                       scaling, layers_per_slice, ahead=True))[1]))
         if "min" in self.needs:
             lazy.append(({"min"}, lambda: (check(), {"min": self.min_stat(n)})[1]))
         return LazyStats(stats, lazy, missing)

@@ -18,7 +18,8 @@ def checkpoint(model, path, features=("key", "value", "attn")):
 
 @pytest.mark.parametrize("make,features", [(tiny_qwen3, ("key", "value", "attn")), (tiny_llama, ("key", "value", "attn")),
                                            (tiny_qwen3, ("key", "value", "attn", "age")),
-                                           (tiny_llama, ("key", "value", "attn", "heads"))])
+                                           (tiny_llama, ("key", "value", "attn", "heads")),
+                                           (tiny_qwen3, ("key", "value", "attn", "ahead"))])
 def test_from_pretrained_cache_works_in_plain_generate(make, features, tmp_path):
     model = make()
     bank = checkpoint(model, tmp_path / "ck", features)

@@ -243,7 +243,8 @@ def test_stored_golden_examples_are_the_run_s_own_and_shared_between_runs(sft_se
     store = GoldenStore(model, r.cache, "mean", steps=2, seed=0)
     row = ds[0]
     for feats in (("key", "value", "attn"), ("attn",), ("key", "value"), ("key", "value", "attn", "age"), ("attn", "age"),
-                  ("key", "value", "attn", "heads", "age"), ("heads",)):
+                  ("key", "value", "attn", "heads", "age"), ("heads",), ("key", "value", "attn", "ahead"),
+                  ("ahead", "age", "key")):
         bank = bank_for_model(model, features=feats)
         ref = golden_examples(model, torch.tensor([row["input_ids"]]), bank, r.cache, prompt_len=row["prompt_len"])
         got = store.examples(row, bank)

@@ -52,6 +52,45 @@ def test_statistics_match_dense_attention():
             assert torch.allclose(got, ref[name], atol=1e-5), (layer, name)
 
 
+def test_ahead_statistics_are_the_recent_queries_attention_at_later_positions():
+    """``a{Δ}`` at the first eviction equals the dense attention of the last 32 queries recomputed by the model's own
+    projections and rotary embedding at their positions + Δ (each over the keys up to its own token)."""
+    from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
+
+    from foresight.features import AHEAD_NAMES, AHEAD_SHIFTS
+
+    m = tiny_qwen3()
+    B, L = 40, 32
+    S = B + L
+    ids = torch.randint(8, 170, (1, S))
+    views = []
+    c = BoundedCache(m.config, make_policy("h2o"), EvictionSettings(budget=B, interval=L),
+                     recorder=lambda s: views.append(s["view"]))
+    with torch.no_grad():
+        feed_chunks(m, c, ids)
+        m(input_ids=torch.randint(8, 170, (1, 1)), cache=c, use_cache=True)  # triggers the eviction
+        hidden = m(ids, output_hidden_states=True).hidden_states
+        v = views[0]
+        hq, hk, d = 4, 2, m.config.head_dim
+        pos = torch.arange(S)[None]
+        for layer, block in enumerate(m.model.layers):
+            a = block.self_attn
+            x = block.input_layernorm(hidden[layer])
+            q = a.q_norm(a.q_proj(x).view(1, S, hq, d)).transpose(1, 2)
+            k = a.k_norm(a.k_proj(x).view(1, S, hk, d)).transpose(1, 2)
+            cos, sin = m.model.rotary_emb(x, pos)
+            _, k = apply_rotary_pos_emb(q, k, cos, sin)
+            k = k[0].repeat_interleave(hq // hk, 0)  # [hq, S, d]
+            for name, shift in zip(AHEAD_NAMES, AHEAD_SHIFTS):
+                cos, sin = m.model.rotary_emb(x, pos + shift)
+                qs, _ = apply_rotary_pos_emb(q, q, cos, sin)
+                logits = (qs[0, :, S - 32:] @ k.transpose(1, 2)) * a.scaling  # [hq, 32, S]
+                hidden_keys = torch.arange(S)[None, :] > torch.arange(S - 32, S)[:, None]
+                ref = logits.masked_fill(hidden_keys, float("-inf")).softmax(-1).sum(1).view(hk, hq // hk, S)
+                assert torch.allclose(v.stats[name][layer, 0], ref, atol=1e-5), (layer, name)
+    assert not torch.allclose(v.stats["a128"], v.stats["w32"], atol=1e-3)  # the shift changes what they attend to
+
+
 def test_deferred_decoding_statistics_equal_chunked_ones():
     """Token-by-token decoding defers its statistics to the eviction; they equal the chunked rollout's."""
     m = tiny_qwen3()
