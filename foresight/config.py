@@ -120,7 +120,7 @@ class EvictionSettings:
 class ScorerConfig:
     hidden: int = 16
     activation: str = "gelu"
-    # the scorer's inputs: a subset of key, value, attn, heads, age (foresight.features.SCORER_INPUTS)
+    # the scorer's inputs: a subset of key, value, attn, heads, ahead, age (foresight.features.SCORER_INPUTS)
     features: list[str] = field(default_factory=lambda: ["key", "value", "attn"])
 
 

@@ -13,7 +13,8 @@ Use it inside kvpress's ``DecodingPress`` (compression every L decoding steps do
 
 kvpress hands a press the buffered hidden states of the decoding steps since the last compression; the press
 recomputes their queries (q-projection, q-norm, RoPE at their positions), their attention to the cached keys,
-and from it the statistics of :mod:`foresight.features` (block max/min/sum, last-8/16/32 sums). The running
+and from it the statistics of :mod:`foresight.features` (block max/min/sum, last-8/16/32 sums; for a scorer that
+reads ``ahead``, the last 32 queries' attention rotated 16–128 positions on). The running
 cumulative and decayed sums are carried by the press across compressions (they count decoding queries only:
 kvpress does not expose the prompt's attention), and so are the kept pairs' positions (for a scorer that reads their
 age; before the first compression the cache holds every position in order). kvpress keeps the highest scores, so the press returns
@@ -29,8 +30,9 @@ import torch
 from kvpress.presses.scorer_press import ScorerPress
 from kvpress.utils import compute_n_kept, get_prerope_query_states
 
-from foresight.features import DECAY
+from foresight import rope_shift
 from foresight.checkpoint import check_compatible, load_scorer, scorer_kind
+from foresight.features import AHEAD_NAMES, AHEAD_SHIFTS, DECAY, QUERY_WINDOW
 
 
 def _rotate_half(x):
@@ -44,6 +46,7 @@ class ForesightPress(ScorerPress):
     protect_recent: int = 0
     bank: object = field(default=None, repr=False)
     _rotary: object = field(default=None, repr=False)
+    _shifts: object = field(default=None, repr=False)
     _state: dict = field(default_factory=dict, repr=False)
 
     def post_init_from_model(self, model):
@@ -57,6 +60,8 @@ class ForesightPress(ScorerPress):
         else:
             check_compatible(self.config, model)
         self._rotary = next(m for n, m in model.named_modules() if n.endswith("rotary_emb"))
+        self._shifts = rope_shift.shift_tables(model.config, AHEAD_SHIFTS, next(model.parameters()).device) \
+            if "ahead" in self.bank.features else None
         self._state = {}
 
     def _queries(self, module, hidden_states, kwargs):
@@ -82,6 +87,12 @@ class ForesightPress(ScorerPress):
               "sum": p.sum(3)}
         for w in (8, 16, 32):
             st[f"w{w}"] = p[..., -w:, :].sum(3)
+        if self._shifts is not None:  # the last 32 queries as if Δ tokens later (foresight.rope_shift)
+            W = min(QUERY_WINDOW, nq)
+            for name, table in zip(AHEAD_NAMES, self._shifts):
+                qa = rope_shift.rotate(q[:, :, nq - W:], table).view(b, h, g, W, d)
+                sa = torch.matmul(qa, keys.unsqueeze(2).transpose(-1, -2)).float() * scale
+                st[name] = sa.masked_fill(~vis[nq - W:], float("-inf")).softmax(-1).sum(3)
         prev = self._state.get(layer)
         cum = torch.zeros(b, h, g, n, device=keys.device)
         dec = torch.zeros(b, h, g, n, device=keys.device)

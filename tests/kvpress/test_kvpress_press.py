@@ -166,3 +166,54 @@ def test_an_age_scorer_sees_each_kept_pair_s_age_across_compressions(tmp_path):
                 assert len(match) == 1
                 assert a_now[0, hh, j] == a_prev[0, hh, match[0, 0]] + fed
         assert torch.equal(a_now[0, :, kept:], (fed - 1 - torch.arange(fed)).expand(k_now.shape[1], fed))
+
+
+def test_an_ahead_scorer_gets_the_buffered_queries_attention_at_later_positions(tmp_path):
+    """`ahead`: at each compression the press's a{Δ} statistics equal the buffered queries recomputed by the model's
+    own projections and rotary embedding at their positions + Δ, each over the keys up to its own position."""
+    from kvpress.utils import get_prerope_query_states
+    from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
+
+    from foresight.features import AHEAD_NAMES, AHEAD_SHIFTS
+
+    model, _ = tiny(tmp_path)
+    bank = ScorerBank(2, 2, 16, 2, seed=1, features=("key", "value", "attn", "ahead"))
+    info = {"model_type": "qwen3", "num_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 16, "name_or_path": "tiny"}
+    save_scorer(bank, tmp_path / "ahead", info, budget=24, interval=8, sinks=0, stage="sft")
+    inner = ForesightPress(scorer_dir=str(tmp_path / "ahead"), protect_recent=8)
+    press = kvpress.DecodingPress(inner, compression_interval=8, target_size=24, hidden_states_buffer_size=8)
+    seen, checked = {}, []
+    orig_score = inner.score
+
+    def score(module, hidden_states, keys, values, attentions, kwargs):
+        seen["ref"] = (module, hidden_states, keys, kwargs)
+        return orig_score(module, hidden_states, keys, values, attentions, kwargs)
+
+    def spy_post_init(model_):
+        ForesightPress.post_init_from_model(inner, model_)
+        orig_assemble = inner.bank.assemble
+
+        def assemble(keys, values, stats, age=None, token=None):
+            module, hs, K, kw = seen["ref"]
+            q = get_prerope_query_states(module, hs)  # [1, 4, nq, 16]
+            nq, n = q.shape[2], K.shape[2]
+            last = int(kw["cache_position"].reshape(-1)[-1])
+            pos = torch.arange(last - nq + 1, last + 1)[None]
+            for name, shift in zip(AHEAD_NAMES, AHEAD_SHIFTS):
+                cos, sin = model_.model.rotary_emb(hs, pos + shift)
+                qs, _ = apply_rotary_pos_emb(q, q, cos, sin)
+                logits = (qs[0].view(2, 2, nq, 16) @ K[0, :, None].transpose(-1, -2)) * module.scaling
+                hidden = torch.arange(n)[None, :] > (n - nq + torch.arange(nq))[:, None]
+                ref = logits.float().masked_fill(hidden, float("-inf")).softmax(-1).sum(2)
+                assert torch.allclose(stats[name][0], ref, atol=1e-5), name
+            checked.append(n)
+            return orig_assemble(keys, values, stats, age, token)
+
+        inner.bank.assemble = assemble
+
+    inner.score = score
+    inner.post_init_from_model = spy_post_init
+    with press(model):
+        model.generate(torch.randint(0, 128, (1, 30)), max_new_tokens=40, do_sample=False)
+    assert len(checked) >= 4
