@@ -110,7 +110,7 @@ def compare(base_path: Path, cand_path: Path, base_method: str | None = None, me
     if (Path(base_path), ma) == (Path(cand_path), mb):
         raise ValueError(f"comparing {ma} in {base_path} with itself: name another method or evaluation")
     ta, tb = references_of(base_path), references_of(cand_path)
-    if ta != tb:  # both number their traces from 0: nothing in the rows would tell them apart
+    if _resolved(ta) != _resolved(tb):  # both number their traces from 0: nothing in the rows would tell them apart
         raise ValueError(f"{base_path} ran on {ta} traces and {cand_path} on {tb}: not the same traces")
     by_a = {(r["budget"], r["interval"]): r for r in rows_a if r["method"] == ma}
     by_b = {(r["budget"], r["interval"]): r for r in rows_b if r["method"] == mb}
@@ -133,6 +133,13 @@ def references_of(path: Path) -> str:
         return json.loads(meta.read_text()).get("references", "held-out")
     except (OSError, ValueError, AttributeError):
         return "held-out"
+
+
+def _resolved(references: str) -> str:
+    """``validation traces of DIR`` with DIR made absolute (from the working directory: older evaluations stored the
+    path as given), so one folder named two ways is one set of traces."""
+    head = "validation traces of "
+    return head + str(Path(references[len(head):]).resolve()) if references.startswith(head) else references
 
 
 def compare_table(result: dict) -> str:

@@ -211,7 +211,7 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
             sum(bool(r["correct"]) for r in refs) / len(refs),
             "mean_trace_length": sum(r["ids"].shape[1] for r in refs) / len(refs),
             "mean_prompt_length": sum(r["prompt_len"] for r in refs) / len(refs),
-            "references": f"validation traces of {eval_cfg.traces}" if eval_cfg.traces else "held-out",
+            "references": f"validation traces of {Path(eval_cfg.traces).resolve()}" if eval_cfg.traces else "held-out",
             "references_with_a_training_prompt": seen_prompts}
     atomic.write_json(out / "meta.json", meta, indent=1)  # with the rows finished so far, a stopped run can be reported
     prefixes = SharedPrefixes(model)  # the part before the first eviction, run once per batch and budget

@@ -311,9 +311,6 @@ class SlotStatistics:
 
     def _ahead_slice(self, layers: slice, keys, token, n: int, padded: bool, scaling: float) -> dict:
         """The ``a{Δ}`` statistics: the kept queries rotated Δ positions on, each over the keys it sees."""
-        if self.shifts is None:
-            raise ValueError("the 'ahead' statistics need the model's RoPE (foresight.rope_shift), and this cache "
-                             "was made without it")
         recent_q = self.recent_q[layers]
         return {name: self._recent_probs(rope_shift.rotate(recent_q, table), keys, token, layers, n, padded,
                                          scaling)[0].sum(-2)
@@ -335,8 +332,9 @@ class SlotStatistics:
         if "window" in self.needs:
             lazy.append((WINDOW_KEYS, lambda: (check(), self.window_stats(slots.keys, slots.token, n, padded, scaling,
                                                                         layers_per_slice))[1]))
-            lazy.append((AHEAD_KEYS, lambda: (check(), self.window_stats(slots.keys, slots.token, n, padded,
-                                                                       scaling, layers_per_slice, ahead=True))[1]))
+            if self.shifts is not None:
+                lazy.append((AHEAD_KEYS, lambda: (check(), self.window_stats(slots.keys, slots.token, n, padded,
+                                                                           scaling, layers_per_slice, ahead=True))[1]))
         if "min" in self.needs:
             lazy.append(({"min"}, lambda: (check(), {"min": self.min_stat(n)})[1]))
         return LazyStats(stats, lazy, missing)

@@ -1,6 +1,7 @@
 """`foresight compare`: paired differences between two evaluated methods on the same held-out traces."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -104,6 +105,10 @@ def test_compare_command_between_two_evaluations(tmp_path, capsys):
     (tmp_path / "a" / "meta.json").write_text(json.dumps({"references": "validation traces of runs/tr"}))
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "v")]) == 0
     assert "on the same validation traces of runs/tr" in capsys.readouterr().out
+    # the same folder named by an absolute path (newer evaluations store it resolved) is the same traces
+    (tmp_path / "v" / "meta.json").write_text(json.dumps({"references": f"validation traces of {Path('runs/tr').resolve()}"}))
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "v")]) == 0
+    capsys.readouterr()
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "results.json").write_text("{not json")
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "d")]) == 2
