@@ -17,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import threading
 
+import torch
+
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -55,8 +57,23 @@ def _dense_pooled_attention(module, query, key, value, scaling, pooler):
     scores = grouped_matmul(scaled(query, scale), key.transpose(-1, -2)).view(b, h, hq // h, q, k).float()
     scores[..., k - q:].sub_(causal_block(q, query.device))
     probs = scores.softmax(-1)
-    pooler.add(module.layer_idx, probs.view(b, hq, q, k))
-    return grouped_matmul(probs.to(value.dtype), value).view(b, hq, q, d).transpose(1, 2)
+    out = grouped_matmul(probs.to(value.dtype), value).view(b, hq, q, d)
+    changes = getattr(pooler, "output_change", False)
+    pooler.add(module.layer_idx, output_change(probs, out, value) if changes else probs.view(b, hq, q, k))
+    return out.transpose(1, 2)
+
+
+def output_change(probs: torch.Tensor, out: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """How far each query's attention output moves when one key is dropped (the rest renormalised):
+    ``p_j · ‖v_j − o‖ / (1 − p_j)`` for probabilities ``probs`` [b, h, g, q, k], outputs ``out`` [b, Hq, q, d] and
+    values [b, h, k, d] -> [b, Hq, q, k] fp32 (``o' = (o − p_j v_j) / (1 − p_j)``, so ``o' − o = p_j (o − v_j) / (1 − p_j)``)."""
+    b, h, g, q, k = probs.shape
+    o = out.float()
+    v = value.float()
+    cross = grouped_matmul(o.contiguous(), v.transpose(-1, -2)).view(b, h, g, q, k)  # o·v
+    dist2 = (o * o).sum(-1).view(b, h, g, q, 1) + (v * v).sum(-1)[:, :, None, None, :] - 2 * cross
+    change = probs * dist2.clamp(min=0).sqrt() / (1 - probs).clamp(min=1e-6)
+    return change.view(b, h * g, q, k)
 
 
 @contextlib.contextmanager

@@ -8,7 +8,10 @@ block may be shorter):
   block's queries to key ``j``, pooled over the block's queries and over the query heads of KV head ``h``'s
   GQA group. Pooling is configurable: ``mean`` (default, as the released code; a token that matters to a
   whole block outranks one hit by a single query, which is what the loss under eviction rewards) or ``max``.
-  A short last block is averaged over its real queries only (the released code pads it with zeros).
+  A short last block is averaged over its real queries only (the released code pads it with zeros). ``output``
+  pools (as ``mean``) what dropping the key would move each query's attention output, ``p_j·‖v_j − o‖/(1 − p_j)``,
+  instead of its probability ``p_j`` — a value-aware score: a key attended to whose value the output already
+  resembles costs little.
 * With a protected prompt of P tokens the blocks start at P + B instead of B (the cache evicts at P + B + L).
 * The engine's eviction step ``t`` runs right after block ``t`` (when the cache holds ``B + L``); its future is
   blocks ``u ≥ t + 1``, so the candidate ``j``'s future score is ``F_t[h, j] = max_{u ≥ t+1} a_u[h, j]``.
@@ -43,9 +46,13 @@ class BlockPooler:
 
     def __init__(self, num_layers: int, kv_heads: int, lengths: list[int], start: int, interval: int, pool: str,
                  device):
-        if pool not in ("mean", "max"):
-            raise ValueError(f"golden pooling must be 'mean' or 'max', got {pool!r}")
-        self.B, self.L, self.pool, self.lengths = start, interval, pool, list(lengths)
+        if pool not in ("mean", "max", "output"):
+            raise ValueError(f"golden pooling must be 'mean', 'max' or 'output', got {pool!r}")
+        # 'output': the mean over the block's queries (and the group's heads) of how far dropping the key would move
+        # each query's attention output (foresight.attention.output_change) instead of its attention probability
+        self.output_change = pool == "output"
+        self.B, self.L, self.lengths = start, interval, list(lengths)
+        self.pool = "mean" if self.output_change else pool
         S = max(self.lengths)
         self.n_blocks = self.blocks(S)
         self.a = torch.zeros(num_layers, len(self.lengths), self.n_blocks, kv_heads, S, device=device)

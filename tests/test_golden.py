@@ -52,6 +52,42 @@ def test_blockwise_future_scores_equal_dense_reference(qwen3, blocks_per_chunk):
         assert torch.allclose(pooler.future(), ref, atol=1e-6), pool
 
 
+def test_output_pooling_scores_how_far_dropping_a_key_moves_the_output(qwen3, blocks_per_chunk):
+    """``pool='output'``: per block, the mean over its queries and the group's heads of p_j·‖v_j − o‖/(1 − p_j),
+    which is exactly how far the query's attention output moves when key j is dropped and the rest renormalised."""
+    ids = torch.randint(8, 170, (1, 77))
+    values = []
+    hooks = [layer.self_attn.v_proj.register_forward_hook(lambda m, i, o: values.append(o.detach()))
+             for layer in qwen3.model.layers]
+    with torch.no_grad():
+        qwen3(ids)  # the values of each layer
+    for hk in hooks:
+        hk.remove()
+    att = eager_attentions(qwen3, ids)
+    S, B, L = 77, 24, 8
+    n_blocks = -(-(S - B) // L)
+    ref = []
+    for A, V in zip(att, values):
+        A = A[0].view(2, 2, S, S).double()
+        V = V[0].view(S, 2, -1).transpose(0, 1).double()  # [h, S, d]
+        out = A @ V[:, None]  # [h, g, S, d]
+        j, q = 5, 60  # the definition itself, once: drop key j for query q and renormalise
+        p = A[0, 1, q].clone()
+        p[j] = 0
+        moved = (p / p.sum()) @ V[0] - out[0, 1, q]
+        change = A * torch.cdist(out, V[:, None].expand(-1, 2, -1, -1)) / (1 - A).clamp(min=1e-6)
+        assert torch.allclose(moved.norm(), change[0, 1, q, j], rtol=1e-6)
+        a = torch.stack([change[:, :, B + u * L: B + (u + 1) * L].mean(2).mean(1) for u in range(n_blocks)])
+        F = torch.zeros_like(a)
+        for t in range(n_blocks - 1):
+            F[t] = a[t + 1:].amax(0)
+        ref.append(F)
+    pooler = block_pooled_attention(qwen3, ids, EvictionSettings(budget=24, interval=8), pool="output")
+    assert torch.allclose(pooler.future().double(), torch.stack(ref), rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match="'mean', 'max' or 'output'"):
+        block_pooled_attention(qwen3, ids, EvictionSettings(budget=24, interval=8), pool="sum")
+
+
 def test_batched_golden_labels_of_padded_traces_equal_one_by_one(qwen3, blocks_per_chunk):
     """Right-padded traces of different lengths in one pass: each row's future equals its own single pass (padding
     queries are left out of the block means, the short last blocks included)."""
