@@ -18,7 +18,6 @@ import contextlib
 import threading
 
 import torch
-
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
