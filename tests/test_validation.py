@@ -24,7 +24,7 @@ R = "recipes/tiny-qwen3.yaml"
     ("sft.steps=[1", "not valid YAML"),
     ("model.device=gpu", "model.device='gpu'"),
     ("scorer.features=[age]", "must hold key, value or attn besides age"),
-    ("scorer.features=[key,position]", "must be a non-empty list of key, value, attn, heads, age"),
+    ("scorer.features=[key,position]", "must be a non-empty list of key, value, attn, heads, ahead, age"),
 ])
 def test_bad_values_are_refused_when_the_recipe_is_read(override, message):
     with pytest.raises(RecipeError, match=message.replace("[", "\\[").replace("(", "\\(")):
