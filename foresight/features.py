@@ -57,6 +57,7 @@ ALL_LAYERS_MAX_VALUES = 1 << 19
 
 SCORER_INPUTS = ("key", "value", "attn", "heads", "ahead", "age")  # what a scorer may read, in input order
 STAT_INPUTS = ("attn", "heads", "ahead")  # the input groups read from the attention statistics
+BLOCK_INPUTS = ("attn", "heads")  # those read from the 8 statistics of STAT_NAMES
 
 
 def feature_dim(head_dim: int, group: int, features=("key", "value", "attn")) -> int:

@@ -22,8 +22,8 @@ import torch
 from torch import nn
 
 from foresight import features
-from foresight.features import AHEAD_NAMES, SCORER_INPUTS, STAT_INPUTS, STAT_NAMES, age_feature, feature_dim, \
-    heads_feature, stat_vector, token_age
+from foresight.features import AHEAD_NAMES, BLOCK_INPUTS, SCORER_INPUTS, STAT_INPUTS, STAT_NAMES, age_feature, \
+    feature_dim, heads_feature, stat_vector, token_age
 from foresight.models import describe
 from foresight.policies.base import Policy
 
@@ -68,7 +68,7 @@ class ScorerBank(nn.Module):
     @property
     def stat_names(self) -> tuple:
         """The names of the view's statistics this scorer reads."""
-        block = STAT_NAMES if {"attn", "heads"} & set(self.features) else ()
+        block = STAT_NAMES if set(BLOCK_INPUTS) & set(self.features) else ()
         return block + (AHEAD_NAMES if "ahead" in self.features else ())
 
     def inputs(self, view) -> torch.Tensor:
@@ -90,7 +90,7 @@ class ScorerBank(nn.Module):
             parts.append(keys.detach().float())
         if "value" in self.features:
             parts.append(values.detach().float())
-        reads_block = bool({"attn", "heads"} & set(self.features))
+        reads_block = bool(set(BLOCK_INPUTS) & set(self.features))
         logs = torch.log(stat_vector(stats).detach().float() + 1e-6) if reads_block else None
         if "attn" in self.features:
             parts.append(logs)
