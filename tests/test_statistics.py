@@ -23,6 +23,17 @@ class _ReadsAll(Policy):
         return self.inner.score(view)
 
 
+def _first_eviction_view(m, ids, B, L):
+    """The (recorded) view of the first eviction after feeding ``ids`` [1, B + L] and one more token."""
+    views = []
+    c = BoundedCache(m.config, make_policy("h2o"), EvictionSettings(budget=B, interval=L),
+                     recorder=lambda s: views.append(s["view"]))
+    with torch.no_grad():
+        feed_chunks(m, c, ids)
+        m(input_ids=torch.randint(8, 170, (1, 1)), cache=c, use_cache=True)  # triggers the eviction
+    return views[0]
+
+
 def test_statistics_match_dense_attention():
     """At the first eviction every statistic equals the one computed from the dense attention matrix."""
     m = tiny_qwen3()
@@ -30,14 +41,9 @@ def test_statistics_match_dense_attention():
     eager.set_attn_implementation("eager")
     B, L = 40, 32
     ids = torch.randint(8, 170, (1, B + L))
-    views = []
-    c = BoundedCache(m.config, make_policy("h2o"), EvictionSettings(budget=B, interval=L),
-                     recorder=lambda s: views.append(s["view"]))
+    v = _first_eviction_view(m, ids, B, L)
     with torch.no_grad():
-        feed_chunks(m, c, ids)
-        m(input_ids=torch.randint(8, 170, (1, 1)), cache=c, use_cache=True)  # triggers the eviction
         att = eager(ids, output_attentions=True).attentions  # per layer [1, Hq, S, S]
-    v = views[0]
     assert v.keys.shape[3] == B + L
     for layer, A in enumerate(att):
         A = A[0].view(2, 2, B + L, B + L)  # [kv, g, q, k]
@@ -63,14 +69,9 @@ def test_ahead_statistics_are_the_recent_queries_attention_at_later_positions():
     B, L = 40, 32
     S = B + L
     ids = torch.randint(8, 170, (1, S))
-    views = []
-    c = BoundedCache(m.config, make_policy("h2o"), EvictionSettings(budget=B, interval=L),
-                     recorder=lambda s: views.append(s["view"]))
+    v = _first_eviction_view(m, ids, B, L)
     with torch.no_grad():
-        feed_chunks(m, c, ids)
-        m(input_ids=torch.randint(8, 170, (1, 1)), cache=c, use_cache=True)  # triggers the eviction
         hidden = m(ids, output_hidden_states=True).hidden_states
-        v = views[0]
         hq, hk, d = 4, 2, m.config.head_dim
         pos = torch.arange(S)[None]
         for layer, block in enumerate(m.model.layers):
