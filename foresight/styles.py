@@ -30,6 +30,7 @@ HEURISTIC = {  # one muted family: desaturated colours, thin lines, a distinct m
     "streamingllm": ("#8c9fb1", "s"),
     "knorm": ("#9aa37a", "<"),
     "keydiff": ("#7aa3a3", ">"),
+    "lookahead": ("#9f8f6b", "d"),
     "random-keep-prompt": ("#8a8a8a", "h"),
     "random": ("#b5b5b5", "o"),
 }

@@ -27,7 +27,7 @@ def test_no_eviction_equals_plain_model(make):
 
 def test_rollout_equals_token_by_token_generation_under_eviction(qwen3):
     ids = torch.randint(8, 170, (2, 20))
-    for name in ("h2o", "tova", "snapkv", "rkv", "scissorhands", "streamingllm", "keydiff"):
+    for name in ("h2o", "tova", "snapkv", "rkv", "scissorhands", "streamingllm", "keydiff", "lookahead"):
         g = generate(qwen3, ids, max_new_tokens=50, policy=make_policy(name), settings=EvictionSettings(budget=16, interval=4))
         r = rollout(qwen3, g.sequences, make_policy(name), EvictionSettings(budget=16, interval=4))
         assert g.cache.steps > 5

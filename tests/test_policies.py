@@ -33,6 +33,13 @@ def test_h2o_evicts_lowest_cumulative_attention():
     assert evicted("h2o", view(cum=cum)) == [1, 3, 6]
 
 
+def test_lookahead_evicts_what_the_recent_queries_moved_ahead_would_attend_least():
+    a32 = [0.3, 0.0, 0.2, 0.01, 0.1, 0.1, 0.02, 0.1, 0.1, 0.07]
+    w32 = [0, 9, 0, 9, 0, 0, 9, 0, 0, 0]  # the same queries at their own positions would disagree
+    v = view(w32=w32, a32=a32)
+    assert evicted("lookahead", v) == [1, 3, 6] and make_policy("lookahead").reads == {"a32"}
+
+
 def test_tova_uses_the_newest_query_only():
     w1 = [0.3, 0.0, 0.2, 0.01, 0.1, 0.1, 0.02, 0.1, 0.1, 0.07]
     cum = [0, 9, 0, 9, 0, 0, 9, 0, 0, 0]  # H2O's statistic would disagree

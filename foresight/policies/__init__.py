@@ -1,6 +1,6 @@
 """Eviction policies, one small module each; :func:`make_policy` builds one by name."""
 
-from foresight.policies import h2o, keydiff, knorm, random, rkv, scissorhands, snapkv, streaming, tova  # noqa: F401
+from foresight.policies import h2o, keydiff, knorm, lookahead, random, rkv, scissorhands, snapkv, streaming, tova  # noqa: F401
 from foresight.policies.base import REGISTRY, Policy, pool_group, register
 
 
