@@ -146,15 +146,14 @@ class BoundedCache(Cache):
         self.all_started = False  # every row has had its first real token
 
     def _shift_tables(self, device):
-        """The rotations of the ``ahead`` statistics (foresight.rope_shift) when the policy may read them, else None
-        (a model without RoPE: an error when the policy declares them, else they are not offered)."""
-        reads = None if (self.full or self.recorder is not None) else getattr(self.policy, "reads", None)
-        if reads is not None and not set(reads) & set(features.AHEAD_NAMES):
-            return None
+        """The rotations of the ``ahead`` statistics (foresight.rope_shift; a few hundred values, made for every rotary
+        model so that a fork for another policy has them too), None for a model without RoPE (an error when the policy
+        declares them)."""
         try:
             return rope_shift.shift_tables(self.model_config, features.AHEAD_SHIFTS, device)
         except (ValueError, KeyError, AttributeError):
-            if reads is not None:
+            reads = None if (self.full or self.recorder is not None) else getattr(self.policy, "reads", None)
+            if reads is not None and set(reads) & set(features.AHEAD_NAMES):
                 raise
             return None
 

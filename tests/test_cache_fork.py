@@ -30,6 +30,7 @@ def setup():
 def policies(model):
     out = {name: (lambda name=name: make_policy(name)) for name in REGISTRY}
     out["learned"] = lambda: LearnedPolicy(bank_for_model(model))
+    out["learned-ahead"] = lambda: LearnedPolicy(bank_for_model(model, features=("key", "value", "attn", "ahead")))
 
     def with_layout():  # a policy that brings its own sinks and protected window, as KVpop's do
         pol = make_policy("tova")
