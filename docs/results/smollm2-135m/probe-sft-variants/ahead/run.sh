@@ -28,3 +28,11 @@ python -m foresight eval --recipe $R --methods full --budgets 512:32 --set eval.
     --out $O/test-ahead-512
 python -m foresight compare $A $O/test-ahead-512 --base-method foresight-sft --method foresight-sft \
     --json $D/test-512-minus-w256gap.json
+# the heuristic `lookahead` (evict the lowest a32, group mean) on the same 48 references, against the heuristics of
+# ../../all-methods/ (session 35, commit 324bc9b)
+python -m foresight eval --recipe $R --methods full,lookahead --budgets 128:32,256:32,512:32 --set eval.recall=false \
+    --out $O/test-lookahead
+for M in snapkv tova scissorhands streamingllm random-keep-prompt; do
+  python -m foresight compare $A $O/test-lookahead --base-method $M --method lookahead --json $D/lookahead-minus-$M.json
+done
+python -m foresight compare $O/test-lookahead $A --base-method lookahead --method foresight-sft --json $D/sft-minus-lookahead.json
