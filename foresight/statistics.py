@@ -2,7 +2,8 @@
 
 :class:`SlotStatistics` holds, beside the cache's slots, one buffer of the per-slot statistics that are accumulated
 (block sum, max, min, the running ``cum`` and ``decay``; per query head; no rows for a policy that reads none), the
-newest ``features.QUERY_WINDOW`` queries (the window sums are recomputed from them when a policy asks) and the decoding
+newest ``features.QUERY_WINDOW`` queries (the window sums and the ``ahead`` sums are recomputed from them when a policy
+asks: :mod:`foresight.kept_queries`) and the decoding
 queries whose statistics are deferred to the next eviction (replayed in one batched pass: between evictions the slots
 only grow and causality is by token index, so the replay sees exactly the keys each query saw). It accumulates only
 what the policy reads (:func:`accumulations`).
@@ -14,8 +15,8 @@ import copy
 
 import torch
 
-from foresight import features, rope_shift
-from foresight.slot_attention import causal_block, grouped_matmul, probabilities
+from foresight import features, kept_queries
+from foresight.slot_attention import causal_block, probabilities
 from foresight.view import LazyStats
 
 # the per-slot statistics buffer: the rows a block reset zeroes (max, sum) first, sum and cum adjacent (a chunk adds
@@ -72,7 +73,7 @@ class SlotStatistics:
         W = features.QUERY_WINDOW
         self.recent_q = torch.zeros(nl, b, q_heads, W, d, device=device, dtype=dtype)  # the last W queries
         self.layer_recent_q = [self.recent_q[i] for i in range(nl)]
-        self._shares: dict = {}  # Scissorhands' thresholds per slot count (_uniform_share)
+        self.shares: dict = {}  # Scissorhands' thresholds per slot count (kept_queries.uniform_share)
         self.recent_token = torch.full((W,), -1, device=device, dtype=torch.long)
         self.recent_valid = torch.zeros(b, W, device=device, dtype=torch.bool)
         self.pending_q = torch.zeros(nl, b, q_heads, pending, d, device=device, dtype=dtype)
@@ -110,7 +111,7 @@ class SlotStatistics:
         out.pending_q = self.pending_q.repeat_interleave(repeat, dim=1)
         out.pending_token = self.pending_token.clone()
         out.pending_valid = self.pending_valid.repeat_interleave(repeat, dim=0)
-        out._shares = {}
+        out.shares = {}
         return out
 
     # ------------------------------------------------------------------------------------------- slots
@@ -244,78 +245,6 @@ class SlotStatistics:
         self.n_pending = 0
 
     # ---------------------------------------------------------------------------------------- read-out
-    def window_stats(self, keys, token, n: int, padded: bool, scaling: float, layers_per_slice: int = 0,
-                     ahead: bool = False) -> dict:
-        """Sums over the last 1/8/16/32 queries and Scissorhands' ``pivot32`` counts (``ahead``: the ``a{Δ}`` sums of the
-        same queries rotated Δ positions on instead), recomputed from the kept queries against the first n slots (see
-        features.py). Their probabilities [layers, b, H, 32, n] are computed for all layers at once up to
-        ``features.ALL_LAYERS_MAX_VALUES``, above it ``layers_per_slice`` layers at a time: the cache passes
-        interval // 32, so a slice is at most one layer's attention of a chunk (b·H·L·n)."""
-        nl, b, hq, W, _ = self.recent_q.shape
-        step = layers_per_slice or nl
-        part = self._ahead_slice if ahead else self._window_slice
-        if step >= nl or nl * b * hq * W * n <= features.ALL_LAYERS_MAX_VALUES:
-            return part(slice(None), keys, token, n, padded, scaling)
-        parts = [part(slice(lo, lo + step), keys, token, n, padded, scaling) for lo in range(0, nl, step)]
-        return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-
-    def _newest_are_recent(self, newest: torch.Tensor) -> bool:
-        """Whether the newest W slots hold the tokens of the kept queries (a host sync; skipped when ``newest_kept``)."""
-        return torch.equal(newest, self.recent_token.expand_as(newest))
-
-    def _uniform_share(self, n: int, W: int, device) -> torch.Tensor:
-        """[W, 1]: 1 / (keys query i sees) for the W newest queries over n slots without padding (Scissorhands'
-        threshold), made once per n."""
-        t = self._shares.get((n, W, device))
-        if t is None:
-            if len(self._shares) > 64:
-                self._shares.clear()
-            seen = torch.arange(n - W + 1, n + 1, device=device, dtype=torch.float32)[:, None]
-            t = self._shares[(n, W, device)] = 1.0 / seen
-        return t
-
-    def _recent_probs(self, recent_q, keys, token, layers: slice, n: int, padded: bool, scaling: float):
-        """Attention of the kept queries ``recent_q`` [nl', b, H, W, d] to the first n slots of ``layers``, each
-        over the keys it sees (by token index) -> (probs [nl', b, h, g, W, n], the visibility mask or None when
-        only the newest [W, W] block is causal)."""
-        nl, b, hq, W, d = recent_q.shape
-        h = keys.shape[2]
-        g = hq // h
-        K = keys[layers, :, :, :n]  # [nl,b,h,n,d]
-        scores = grouped_matmul(recent_q * scaling, K.transpose(-1, -2)).view(nl, b, h, g, W, n).float()
-        ktok = token[layers, :, :, :n]
-        if not padded and n >= W and (self.newest_kept or self._newest_are_recent(ktok[..., n - W:])):
-            # the W queries are the tokens of the newest W slots (no padding): only that [W, W] block is causal,
-            # and query i sees the n - W + i + 1 keys up to itself
-            scores[..., n - W:].sub_(causal_block(W, scores.device))
-            return scores.softmax(-1), None
-        vis = (ktok[:, :, :, None, None, :] <= self.recent_token[None, None, None, None, :, None]) & \
-              (ktok >= 0)[:, :, :, None, None, :]
-        vis = vis & (self.recent_token >= 0)[None, None, None, None, :, None]
-        probs = scores.masked_fill(~vis, float("-inf")).softmax(-1).nan_to_num(0.0)
-        return probs * self.recent_valid[None, :, None, None, :, None], vis
-
-    def _window_slice(self, layers: slice, keys, token, n: int, padded: bool, scaling: float) -> dict:
-        recent_q = self.recent_q[layers]
-        W = recent_q.shape[3]
-        probs, vis = self._recent_probs(recent_q, keys, token, layers, n, padded, scaling)
-        if vis is None:
-            hits = probs >= self._uniform_share(n, W, probs.device)  # a hidden key has probability 0: never a hit
-        else:
-            seen = vis.sum(-1, keepdim=True).clamp(min=1)
-            hits = (probs >= 1.0 / seen) & vis
-        out = {"pivot32": hits.sum(-2, dtype=torch.float32)}  # Scissorhands' counts
-        for w in features.WINDOWS:
-            out[f"w{w}"] = probs[..., -w:, :].sum(-2)
-        return out
-
-    def _ahead_slice(self, layers: slice, keys, token, n: int, padded: bool, scaling: float) -> dict:
-        """The ``a{Δ}`` statistics: the kept queries rotated Δ positions on, each over the keys it sees."""
-        recent_q = self.recent_q[layers]
-        return {name: self._recent_probs(rope_shift.rotate(recent_q, table), keys, token, layers, n, padded,
-                                         scaling)[0].sum(-2)
-                for name, table in zip(features.AHEAD_NAMES, self.shifts)}
-
     def min_stat(self, n: int) -> torch.Tensor:
         return torch.nan_to_num(self.min[..., :n], posinf=0.0)  # 0 for a key no block query saw
 
@@ -330,11 +259,11 @@ class SlotStatistics:
         if "sum" in self.needs:
             stats.update(sum=self.sum[..., :n], cum=self.cum[..., :n], decay=self.decay[..., :n])
         if "window" in self.needs:
-            lazy.append((WINDOW_KEYS, lambda: (check(), self.window_stats(slots.keys, slots.token, n, padded, scaling,
-                                                                        layers_per_slice))[1]))
+            lazy.append((WINDOW_KEYS, lambda: (check(), kept_queries.window_stats(
+                self, slots.keys, slots.token, n, padded, scaling, layers_per_slice))[1]))
             if self.shifts is not None:
-                lazy.append((AHEAD_KEYS, lambda: (check(), self.window_stats(slots.keys, slots.token, n, padded,
-                                                                           scaling, layers_per_slice, ahead=True))[1]))
+                lazy.append((AHEAD_KEYS, lambda: (check(), kept_queries.window_stats(
+                    self, slots.keys, slots.token, n, padded, scaling, layers_per_slice, ahead=True))[1]))
         if "min" in self.needs:
             lazy.append(({"min"}, lambda: (check(), {"min": self.min_stat(n)})[1]))
         return LazyStats(stats, lazy, missing)

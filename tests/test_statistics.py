@@ -121,11 +121,11 @@ def test_fast_causal_path_equals_fully_masked_path(B, L, monkeypatch):
     padded batches take (chunks and replayed decoding queries alike). With L >= 32 the window sums take their own
     fast path too (the 32 kept queries are then the newest 32 slots, which the protected window never evicts: no
     device-side check, no host sync); with L < 32 that is checked at each eviction."""
-    from foresight.statistics import SlotStatistics
+    from foresight import kept_queries
 
     checks = []
-    check = SlotStatistics._newest_are_recent
-    monkeypatch.setattr(SlotStatistics, "_newest_are_recent", lambda self, t: checks.append(1) or check(self, t))
+    check = kept_queries.newest_are_recent
+    monkeypatch.setattr(kept_queries, "newest_are_recent", lambda st, t: checks.append(1) or check(st, t))
     m = tiny_qwen3()
     S, cut = max(100, 4 * B), max(60, 2 * B + 12)  # chunks up to `cut`, then token-by-token decoding
     ids = torch.randint(8, 170, (2, S))
