@@ -46,32 +46,39 @@ def uniform_share(st, n: int, W: int, device) -> torch.Tensor:
     return t
 
 
-def recent_probs(st, recent_q, keys, token, layers: slice, n: int, padded: bool, scaling: float):
-    """Attention of the kept queries ``recent_q`` [nl', b, H, W, d] to the first n slots of ``layers``, each
-    over the keys it sees (by token index) -> (probs [nl', b, h, g, W, n], the visibility mask or None when
-    only the newest [W, W] block is causal)."""
+def visibility(st, token, layers: slice, n: int, padded: bool):
+    """Which of the first n slots of ``layers`` each kept query sees (by token index): None when only the newest
+    [W, W] block is causal (no padding and the W queries are the tokens of the newest W slots), else the mask
+    [nl', b, h, 1, W, n]. One per eviction, shared by the window sums and every shift of the ahead sums."""
+    W = st.recent_q.shape[3]
+    ktok = token[layers, :, :, :n]
+    if not padded and n >= W and (st.newest_kept or newest_are_recent(st, ktok[..., n - W:])):
+        return None
+    vis = (ktok[:, :, :, None, None, :] <= st.recent_token[None, None, None, None, :, None]) & \
+          (ktok >= 0)[:, :, :, None, None, :]
+    return vis & (st.recent_token >= 0)[None, None, None, None, :, None]
+
+
+def recent_probs(st, recent_q, keys, layers: slice, n: int, scaling: float, vis):
+    """Attention of the kept queries ``recent_q`` [nl', b, H, W, d] to the first n slots of ``layers`` under the mask
+    ``vis`` of :func:`visibility` -> probs [nl', b, h, g, W, n]."""
     nl, b, hq, W, d = recent_q.shape
     h = keys.shape[2]
     g = hq // h
     K = keys[layers, :, :, :n]  # [nl,b,h,n,d]
     scores = grouped_matmul(recent_q * scaling, K.transpose(-1, -2)).view(nl, b, h, g, W, n).float()
-    ktok = token[layers, :, :, :n]
-    if not padded and n >= W and (st.newest_kept or newest_are_recent(st, ktok[..., n - W:])):
-        # the W queries are the tokens of the newest W slots (no padding): only that [W, W] block is causal,
-        # and query i sees the n - W + i + 1 keys up to itself
+    if vis is None:  # query i sees the n - W + i + 1 keys up to itself
         scores[..., n - W:].sub_(causal_block(W, scores.device))
-        return scores.softmax(-1), None
-    vis = (ktok[:, :, :, None, None, :] <= st.recent_token[None, None, None, None, :, None]) & \
-          (ktok >= 0)[:, :, :, None, None, :]
-    vis = vis & (st.recent_token >= 0)[None, None, None, None, :, None]
+        return scores.softmax(-1)
     probs = scores.masked_fill(~vis, float("-inf")).softmax(-1).nan_to_num(0.0)
-    return probs * st.recent_valid[None, :, None, None, :, None], vis
+    return probs * st.recent_valid[None, :, None, None, :, None]
 
 
 def _window_slice(st, layers: slice, keys, token, n: int, padded: bool, scaling: float) -> dict:
     recent_q = st.recent_q[layers]
     W = recent_q.shape[3]
-    probs, vis = recent_probs(st, recent_q, keys, token, layers, n, padded, scaling)
+    vis = visibility(st, token, layers, n, padded)
+    probs = recent_probs(st, recent_q, keys, layers, n, scaling, vis)
     if vis is None:
         hits = probs >= uniform_share(st, n, W, probs.device)  # a hidden key has probability 0: never a hit
     else:
@@ -86,6 +93,6 @@ def _window_slice(st, layers: slice, keys, token, n: int, padded: bool, scaling:
 def _ahead_slice(st, layers: slice, keys, token, n: int, padded: bool, scaling: float) -> dict:
     """The ``a{Δ}`` statistics: the kept queries rotated Δ positions on, each over the keys it sees."""
     recent_q = st.recent_q[layers]
-    return {name: recent_probs(st, rope_shift.rotate(recent_q, table), keys, token, layers, n, padded,
-                                     scaling)[0].sum(-2)
+    vis = visibility(st, token, layers, n, padded)
+    return {name: recent_probs(st, rope_shift.rotate(recent_q, table), keys, layers, n, scaling, vis).sum(-2)
             for name, table in zip(features.AHEAD_NAMES, st.shifts)}

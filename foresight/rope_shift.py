@@ -57,12 +57,16 @@ def shift_tables(config, shifts, device=None) -> torch.Tensor:
     return torch.stack([angles.cos(), angles.sin()], dim=1).float().to(device)
 
 
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """transformers' rotate-half: ``[x1, x2] -> [-x2, x1]`` over the last dimension."""
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
 def rotate(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """``x`` [..., d] (post-RoPE) rotated by one shift's ``table`` [2, r] (r ≤ d); computed in fp32, returned in
     ``x``'s dtype."""
     r = table.shape[-1]
     rot, rest = x[..., :r].float(), x[..., r:]
-    half = r // 2
-    turned = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
-    out = (rot * table[0] + turned * table[1]).to(x.dtype)
+    out = (rot * table[0] + rotate_half(rot) * table[1]).to(x.dtype)
     return torch.cat([out, rest], dim=-1) if rest.shape[-1] else out

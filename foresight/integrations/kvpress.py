@@ -35,11 +35,6 @@ from foresight.checkpoint import check_compatible, load_scorer, scorer_kind
 from foresight.features import AHEAD_NAMES, AHEAD_SHIFTS, DECAY, QUERY_WINDOW
 
 
-def _rotate_half(x):
-    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
-    return torch.cat((-x2, x1), dim=-1)
-
-
 @dataclass
 class ForesightPress(ScorerPress):
     scorer_dir: str = ""
@@ -70,7 +65,7 @@ class ForesightPress(ScorerPress):
         last = kwargs["cache_position"].reshape(-1)[-1]
         pos = (last - nq + 1 + torch.arange(nq, device=q.device)).unsqueeze(0).expand(q.shape[0], -1)
         cos, sin = self._rotary(hidden_states, pos)
-        return q * cos.unsqueeze(1) + _rotate_half(q) * sin.unsqueeze(1)
+        return q * cos.unsqueeze(1) + rope_shift.rotate_half(q) * sin.unsqueeze(1)
 
     def score(self, module, hidden_states, keys, values, attentions, kwargs):
         layer = module.layer_idx
