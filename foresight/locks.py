@@ -43,6 +43,29 @@ def _holder(lock: Path) -> dict:
         return {}
 
 
+def _create(lock: Path, me: dict) -> bool:
+    """Create ``lock`` holding ``me`` in one step: written aside, then hard-linked into place (which fails when it
+    exists), so another run never reads a lock whose holder is not written yet. False when it exists. Where the
+    file system has no hard links: exclusive creation, then the write."""
+    tmp = lock.with_name(f"{lock.name}.{me['pid']}.tmp")
+    tmp.write_text(json.dumps(me))
+    try:
+        os.link(tmp, lock)
+        return True
+    except FileExistsError:
+        return False
+    except OSError:
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as f:
+            json.dump(me, f)
+        return True
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 @contextlib.contextmanager
 def output_lock(folder, stage: str):
     """Hold ``folder`` exclusively for the block (created if missing)."""
@@ -55,20 +78,16 @@ def output_lock(folder, stage: str):
     me = {"pid": os.getpid(), "host": socket.gethostname(), "stage": stage,
           "since": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     for _ in range(3):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
+        if not _create(lock, me):
             held = _holder(lock)
             if held.get("host") == me["host"] and isinstance(held.get("pid"), int) and not _alive(held["pid"]):
                 lock.unlink(missing_ok=True)  # stale: its process was killed
                 continue
-            if not held:  # being written right now by another run
+            if not held:  # being written right now by another run (file systems without hard links)
                 raise OutputBusyError(f"{folder} is in use by another foresight run ({lock})") from None
             raise OutputBusyError(f"{folder} is in use by `foresight {held.get('stage')}` (pid {held.get('pid')} on "
                                   f"{held.get('host')}, since {held.get('since')}); wait for it, or remove {lock} "
-                                  "if that process is gone") from None
-        with os.fdopen(fd, "w") as f:
-            json.dump(me, f)
+                                  "if that process is gone")
         atomic.clean_leftovers(folder)  # what killed runs left half-written; nobody else writes here now
         break
     else:

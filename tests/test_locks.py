@@ -2,6 +2,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -89,3 +90,22 @@ def test_an_evaluation_holds_its_folder_for_the_whole_run(tmp_path, monkeypatch)
         evaluate.run_eval(load_recipe("recipes/tiny-qwen3.yaml"), d, methods="h2o", budgets="12:4", progress=False,
                           log=lambda *_: None)
     assert not (d / LOCK).exists()
+
+
+def test_the_lock_appears_with_its_holder_written(tmp_path, monkeypatch):
+    """The lock file is linked into place already holding its holder (no window where another run reads it empty and
+    can only say "another foresight run"); a second creation fails and leaves it intact; no temporary file stays.
+    Where hard links are refused, exclusive creation and a write still take it."""
+    from foresight.locks import _create, _holder
+
+    lock = tmp_path / LOCK
+    seen = []
+    real_link = os.link
+    monkeypatch.setattr(os, "link", lambda a, b: (real_link(a, b), seen.append(_holder(Path(b))))[0])
+    assert _create(lock, {"pid": 1, "stage": "sft"}) and seen == [{"pid": 1, "stage": "sft"}]
+    assert not _create(lock, {"pid": 2, "stage": "eval"}) and _holder(lock) == {"pid": 1, "stage": "sft"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK]
+    lock.unlink()
+    monkeypatch.setattr(os, "link", lambda a, b: (_ for _ in ()).throw(PermissionError("no hard links here")))
+    assert _create(lock, {"pid": 3, "stage": "grpo"}) and _holder(lock) == {"pid": 3, "stage": "grpo"}
+    assert not _create(lock, {"pid": 4, "stage": "eval"}) and sorted(p.name for p in tmp_path.iterdir()) == [LOCK]
