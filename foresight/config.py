@@ -137,7 +137,8 @@ class SFTConfig:
     sampled_pairs: int = 4096
     pair_chunk: int = 65536
     golden_pool: str = "mean"  # mean | max (pooling over a block's queries and a GQA group's heads) | output (mean of
-                               # how far dropping a key moves each query's attention output, foresight.golden)
+                               # how far dropping a key moves each query's attention output, foresight.golden) | loss
+                               # (first-order loss change of dropping it, foresight.golden_loss)
     cache_golden: bool = True  # keep each trace's golden-trajectory features in memory (tiny models)
     example_steps: int = 0  # > 0: that many eviction steps per trace, computed once and stored on disk for every SFT
                             # run on the same traces and settings (foresight.golden_store); 0: every step, in the run

@@ -106,7 +106,7 @@ RULES = {
     "sft.pair_weight": one_of(*PAIR_WEIGHTS),
     "sft.sampled_pairs": at_least(1), "sft.val_traces": at_least(0),
     "sft.example_steps": at_least(0), "sft.example_seed": none_or(at_least(0)), "sft.pair_chunk": at_least(1),
-    "sft.golden_pool": one_of("mean", "max", "output"),
+    "sft.golden_pool": one_of("mean", "max", "output", "loss"),
     "sft.budgets": budgets_or_none,
     "sft.grad_clip": above(0), "sft.ckpt_every": at_least(1), "sft.objective": one_of("foresight", "kvpop"),
     "grpo.steps": at_least(1), "grpo.traces_per_step": at_least(1), "grpo.group": at_least(2), "grpo.lr": above(0),

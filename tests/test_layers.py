@@ -13,7 +13,7 @@ PRIMITIVES = {"config", "features", "selection", "shapes", "atomic", "handoff", 
               "view", "slots", "cache", "attention", "distributed", "reward", "prompts", "trace_data", "validation", "locks",
               "serving", "layer_handle", "recipe_yaml", "full_cache"}
 ENGINE = {"models", "rollout", "cache_fork", "generate", "static_step", "recorded", "golden", "scorer", "policies", "kvpop.topk",
-          "kvpop.target", "kvpop.scorers"}
+          "kvpop.target", "kvpop.scorers", "golden_loss", "block_pooler"}
 PLUMBING = {"training", "checkpoint", "plots", "methods", "references", "report", "divergence", "styles", "completions",
             "golden_store", "eval_resume", "realbench_report", "paired", "compare", "trace_metrics", "grpo_objective",
             "grpo_rollout", "grpo_validation", "shared_prefixes", "trace_references", "ranking", "stage_inputs",
