@@ -1,0 +1,9 @@
+# Session 36: golden's decisions swapped in for the SFT scorer's in chosen layers / KV heads, on the 32 validation
+# traces of the realbench recipe (runs/rb/traces: the 264 training traces of session 30, the last 32 validating) with
+# the recipe's SFT scorer of session 34 (runs/s34/sft-base). 2-core Intel Xeon with AMX, commit 5d12aee.
+export FORESIGHT_CACHE=runs/s35/cache
+P=docs/results/smollm2-135m/probe-sft-variants/layer-swap
+python $P/swap.py runs/s34/sft-base $P/groups-of-5.json 5 128,256           # ~32 min
+python $P/swap.py runs/s34/sft-base $P/single-layers-15-24.json 15-24 128  # ~7 min
+python $P/layer18.py runs/s34/sft-base $P/layer18.json                     # ~4 min
+python $P/layer18.py runs/s34/sft-base $P/heads.json heads                 # ~7 min
