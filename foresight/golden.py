@@ -11,7 +11,8 @@ block may be shorter):
   A short last block is averaged over its real queries only (the released code pads it with zeros). ``output``
   pools (as ``mean``) what dropping the key would move each query's attention output, ``p_j·‖v_j − o‖/(1 − p_j)``,
   instead of its probability ``p_j`` — a value-aware score: a key attended to whose value the output already
-  resembles costs little.
+  resembles costs little. ``loss`` (:mod:`foresight.golden_loss`) pools the magnitude of the first-order change of
+  the trace's loss when the key is dropped, from one backward of the model per trace (a worse teacher on SmolLM2).
 * With a protected prompt of P tokens the blocks start at P + B instead of B (the cache evicts at P + B + L).
 * The engine's eviction step ``t`` runs right after block ``t`` (when the cache holds ``B + L``); its future is
   blocks ``u ≥ t + 1``, so the candidate ``j``'s future score is ``F_t[h, j] = max_{u ≥ t+1} a_u[h, j]``.
@@ -33,9 +34,9 @@ import torch
 from transformers import DynamicCache
 
 from foresight import attention as attn_mod
-from foresight.golden_loss import loss_pooled_cost
-from foresight.config import EvictionSettings
 from foresight.block_pooler import BlockPooler
+from foresight.config import EvictionSettings
+from foresight.golden_loss import loss_pooled_cost
 from foresight.policies.base import Policy
 from foresight.shapes import AttentionShape
 
