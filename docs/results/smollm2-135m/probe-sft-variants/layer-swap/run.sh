@@ -7,3 +7,4 @@ python $P/swap.py runs/s34/sft-base $P/groups-of-5.json 5 128,256           # ~3
 python $P/swap.py runs/s34/sft-base $P/single-layers-15-24.json 15-24 128  # ~7 min
 python $P/layer18.py runs/s34/sft-base $P/layer18.json                     # ~4 min
 python $P/layer18.py runs/s34/sft-base $P/heads.json heads                 # ~7 min
+python $P/headbudget.py runs/s34/sft-base $P/headbudget.json                 # ~14 min (simulated per-head budgets)
