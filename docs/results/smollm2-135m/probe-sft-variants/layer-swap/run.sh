@@ -8,3 +8,8 @@ python $P/swap.py runs/s34/sft-base $P/single-layers-15-24.json 15-24 128  # ~7 
 python $P/layer18.py runs/s34/sft-base $P/layer18.json                     # ~4 min
 python $P/layer18.py runs/s34/sft-base $P/heads.json heads                 # ~7 min
 python $P/headbudget.py runs/s34/sft-base $P/headbudget.json                 # ~14 min (simulated per-head budgets)
+# the heuristics at B = 256 on the same traces (uniform budget, the engine's own): the 2B comparison
+export R=recipes/smollm2-135m-realbench.yaml
+python -m foresight eval --recipe $R --traces runs/rb/traces --set sft.val_traces=32 --set eval.num_problems=32 \
+    --set eval.recall=false --budgets 256:32 --methods full,random-keep-prompt,snapkv,scissorhands,tova,lookahead,streamingllm,h2o \
+    --out $P/val-heur256
