@@ -50,16 +50,24 @@ def _dense_pooled_attention(module, query, key, value, scaling, pooler):
     queries off the padding; the pooler drops padding queries). Two [q, S]-sized
     tensors per call (scores, then probabilities): the scale goes on the queries and only the newest [q, q] block
     is masked, in place."""
-    b, hq, q, d = query.shape
-    h, k = key.shape[1], key.shape[2]
-    scale = scaling if scaling is not None else d ** -0.5
-    scores = grouped_matmul(scaled(query, scale), key.transpose(-1, -2)).view(b, h, hq // h, q, k).float()
-    scores[..., k - q:].sub_(causal_block(q, query.device))
-    probs = scores.softmax(-1)
-    out = grouped_matmul(probs.to(value.dtype), value).view(b, hq, q, d)
+    b, hq, q, k = *query.shape[:3], key.shape[2]
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    _, probs, out = dense_causal(query, key, value, scale)
     changes = getattr(pooler, "output_change", False)
     pooler.add(module.layer_idx, output_change(probs, out, value) if changes else probs.view(b, hq, q, k))
     return out.transpose(1, 2)
+
+
+def dense_causal(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float):
+    """Explicit attention of a chunk's queries [b, Hq, q, d] against all keys so far [b, h, k, d] (the chunk's own q
+    the newest, causal among themselves) -> (scores [b, h, g, q, k] fp32 with the causal mask applied, their softmax,
+    the output [b, Hq, q, d]). Differentiable (the golden ``loss`` pooling hooks the scores' gradient)."""
+    b, hq, q, d = query.shape
+    h, k = key.shape[1], key.shape[2]
+    scores = grouped_matmul(scaled(query, scale), key.transpose(-1, -2)).view(b, h, hq // h, q, k).float()
+    scores[..., k - q:].sub_(causal_block(q, query.device))
+    probs = scores.softmax(-1)
+    return scores, probs, grouped_matmul(probs.to(value.dtype), value).view(b, hq, q, d)
 
 
 def output_change(probs: torch.Tensor, out: torch.Tensor, value: torch.Tensor) -> torch.Tensor:

@@ -31,7 +31,6 @@ import torch
 from foresight import attention as attn_mod
 from foresight.block_pooler import BlockPooler
 from foresight.shapes import AttentionShape
-from foresight.slot_attention import causal_block, grouped_matmul, scaled
 
 
 class LossPooler(BlockPooler):
@@ -48,17 +47,12 @@ class LossPooler(BlockPooler):
     def attend(self, layer_idx: int, query, key, value, scale):
         """Dense causal attention of the whole trace ([1, Hq, S, d] queries) whose logits' gradient, when the
         backward reaches them, is turned into block costs of this layer."""
-        b, hq, q, d = query.shape
-        h, k = key.shape[1], key.shape[2]
-        if b != 1 or q != k:
+        if query.shape[0] != 1 or query.shape[2] != key.shape[2]:
             raise ValueError("the loss pooling takes one whole trace per pass ([1, S] input, no cache)")
-        scores = grouped_matmul(scaled(query, scale), key.transpose(-1, -2)).view(b, h, hq // h, q, k).float()
-        scores = scores - causal_block(q, query.device)
-        probs = scores.softmax(-1)
+        scores, probs, out = attn_mod.dense_causal(query, key, value, scale)
         if scores.requires_grad:
             p = probs.detach()
             scores.register_hook(lambda grad, layer=layer_idx, p=p: self._pool(layer, grad, p))
-        out = grouped_matmul(probs.to(value.dtype), value).view(b, hq, q, d)
         return out.transpose(1, 2)
 
     def _pool(self, layer_idx: int, grad: torch.Tensor, probs: torch.Tensor) -> None:
