@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache
 
-from foresight import cache_attention, cache_chunks, eviction, features, handoff, rope_shift
+from foresight import cache_attention, cache_chunks, eviction, features, handoff, rope_shift, whole_heads
 from foresight.config import EvictionSettings
 from foresight.layer_handle import LayerHandle
 from foresight.shapes import AttentionShape, text_config
@@ -62,6 +62,9 @@ class BoundedCache(Cache):
         self.resolved = settings  # the same before the storage's allocation may apply the prompt-overflow fallback
         self.window = settings.interval if window is None else window
         self.policy, self.prompt_len, self.recorder, self.generator = policy, prompt_len, recorder, generator
+        self.whole_heads = [] if self.full else whole_heads.parse(settings.whole_heads)
+        whole_heads.check_shape(self.whole_heads, self.num_layers, self.kv_heads)
+        self.whole: whole_heads.WholeHeads | None = None  # every pair of the whole heads, from the first eviction
         accumulations(getattr(policy, "reads", None))  # an unknown statistic fails here, not mid-rollout
         super().__init__(layers=[LayerHandle(self, i) for i in range(self.num_layers)])
         self.n = 0  # slots in use (same for every row, layer and head)
@@ -201,6 +204,9 @@ class BoundedCache(Cache):
         keys, values = self.slots.layer_keys[layer_idx], self.slots.layer_values[layer_idx]
         keys.narrow(2, n_old, q).copy_(key_states)
         values.narrow(2, n_old, q).copy_(value_states)
+        if self.whole is not None:
+            self.whole.append(layer_idx, key_states, value_states,
+                              self.slots.layer_token[layer_idx].narrow(2, n_old, q))
         k_view, v_view = keys.narrow(2, 0, n_old + q), values.narrow(2, 0, n_old + q)
         self.layer_kv = (layer_idx, k_view, v_view)  # what attend() reads next
         observe = getattr(self.policy, "observe", None)  # a stateful policy sees every new pair as it arrives
@@ -227,6 +233,9 @@ class BoundedCache(Cache):
         if self.slots is None or self.chunk is not None:
             raise RuntimeError("BoundedCache.prepare_chunk: the storage is allocated by a first (eager) forward, and a "
                                "prepared chunk ends with finish_prepared()")
+        if self.whole_heads:
+            raise ValueError("cache.whole_heads: recorded chunks (model.step=graph) are not supported with whole heads "
+                             "(their store grows); use model.step=eager")
         cache_chunks.plan(self, q, tok_out, valid_out)
         self.prepared = True
 
@@ -245,6 +254,8 @@ class BoundedCache(Cache):
         self.seen += self.chunk.size
         self.peak_slots = max(self.peak_slots, self.n)
         self.chunk = None
+        if self.whole is not None:
+            self.whole.finish_chunk()
 
     # -------------------------------------------------------------------------------------------- attention
     def attend(self, layer_idx: int, query: torch.Tensor, scaling: float) -> torch.Tensor:
@@ -263,7 +274,10 @@ class BoundedCache(Cache):
         return eviction.current_view(self)
 
     def evict(self, n_evict: int):
-        """Drop ``n_evict`` pairs per (layer, sequence, KV head); padding first, then by the policy's scores."""
+        """Drop ``n_evict`` pairs per (layer, sequence, KV head); padding first, then by the policy's scores (the
+        whole heads' pairs were copied aside at the first eviction: :mod:`foresight.whole_heads`)."""
+        if self.whole_heads and self.whole is None:
+            self.whole = whole_heads.WholeHeads.from_slots(self)
         eviction.evict(self, n_evict)
 
     # ----------------------------------------------------------------------------------- transformers API
@@ -281,9 +295,16 @@ class BoundedCache(Cache):
         return None if self.slots is None else self.keys.shape[1]
 
     def cache_bytes(self) -> int:
-        """Bytes of the allocated key/value storage."""
-        return 0 if self.slots is None else self.slots.nbytes()
+        """Bytes of the allocated key/value storage (with the whole heads' store)."""
+        return (0 if self.slots is None else self.slots.nbytes()) + (0 if self.whole is None else self.whole.nbytes())
 
     def held(self) -> int:
-        """Pairs held per (sequence, layer, KV head) right now."""
+        """Pairs held per (sequence, layer, KV head) in the slots right now."""
         return self.n
+
+    def mean_held(self) -> float:
+        """Pairs held per (sequence, layer, KV head) on average over the heads, the whole heads' store included
+        (their slots' copies count too: it is the memory held)."""
+        if self.whole is None:
+            return float(self.n)
+        return self.n + self.whole.pairs() * len(self.whole_heads) / (self.num_layers * self.kv_heads)

@@ -32,6 +32,8 @@ def attend(cache, layer_idx: int, query: torch.Tensor, scaling: float) -> torch.
     if q == 1 and not cache.full:
         out = torch.nn.functional.scaled_dot_product_attention(
             query, K, V, attn_mask=ChunkMasks.decoding(ktok, cache.group), scale=scaling, enable_gqa=True)
+        if cache.whole is not None:
+            cache.whole.attend(layer_idx, query, out, qtok, scaling)
         full = cache.needs and cache.stats.defer(layer_idx, query, cache.seen, valid)
         if last and not cache.prepared:
             cache.finish_chunk()
@@ -48,6 +50,8 @@ def attend(cache, layer_idx: int, query: torch.Tensor, scaling: float) -> torch.
             cache.masks.chunk(q, n, query.device, cache.keys.dtype)
         out = torch.nn.functional.scaled_dot_product_attention(query, K, V, attn_mask=mask, scale=scaling,
                                                                enable_gqa=True)
+    if cache.whole is not None:
+        cache.whole.attend(layer_idx, query, out, qtok, scaling)
     if "window" in cache.needs:
         cache.stats.remember_queries(layer_idx, query, qtok, valid)
     if last and not cache.prepared:  # a prepared chunk is finished by its caller (a replay runs no Python)

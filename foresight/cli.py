@@ -5,6 +5,7 @@
     foresight grpo   --recipe recipes/tiny-qwen3.yaml --traces runs/traces --init runs/sft --out runs/grpo
     foresight eval   --recipe recipes/tiny-qwen3.yaml --methods full,h2o --budgets 256:64 --out runs/eval
     foresight compare runs/eval-sft runs/eval-grpo     # paired bootstrap: is the candidate better on the same traces?
+    foresight heads  --recipe R --traces runs/traces --scorers runs/sft --out runs/heads  # KV heads to keep whole
 """
 
 from __future__ import annotations
@@ -60,6 +61,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--traces", type=Path, default=None,
                    help="evaluate on this traces folder's validation traces (its last sft.val_traces) instead of the "
                         "held-out references: for choosing settings without the test set (eval.traces)")
+
+    p = sub.add_parser("heads", help="find the KV heads to keep whole (cache.whole_heads) for a method, on validation "
+                                     "traces")
+    _common(p)
+    p.add_argument("--traces", type=Path, required=True, help="a traces folder: its validation traces are measured")
+    p.add_argument("--method", default=None, help="a heuristic's name (or give --scorers)")
+    p.add_argument("--scorers", type=Path, action="append", default=[], help="a scorer checkpoint")
+    p.add_argument("--budgets", default="128:32", help="one B:L (default 128:32)")
+    p.add_argument("--max-heads", type=int, default=3, help="at most this many heads recommended")
 
     p = sub.add_parser("compare", help="paired comparison of two evaluated methods on the same held-out traces")
     p.add_argument("base", type=Path, help="an eval output folder (or its results.json): the baseline")
@@ -135,6 +145,12 @@ def main(argv: list[str] | None = None) -> int:
 
             run_eval(recipe, args.out, methods=args.methods, budgets=args.budgets, scorers=args.scorers,
                      progress=not args.no_progress, record=args.record)
+            return 0
+        if args.cmd == "heads":
+            from foresight.head_search import HeadSearch, search_heads
+
+            search_heads(recipe, args.traces, args.out, args.method, args.scorers, args.budgets,
+                         HeadSearch(max_heads=args.max_heads))
             return 0
     except (ValueError, FileNotFoundError, ServerError) as e:
         return _error(f"{args.cmd}: {e}")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from foresight import whole_heads
 from foresight.recipe_yaml import fill, read_yaml
 from foresight.validation import SELECTIONS, RecipeError, check_recipe, parse_budgets
 
@@ -83,9 +84,17 @@ class EvictionSettings:
     prompt_overflow: str = "error"  # error | evict: what to do when a protected prompt exceeds the budget
     selection: str = "topk"  # topk (deterministic) | sample (the paper's Top-2L sampler) | multinomial (all candidates)
     temperature: float = 1.0  # softmax temperature of the sampler
+    # "LAYER:HEAD" KV heads that keep every pair (never evicted) while the others hold B (foresight.whole_heads)
+    whole_heads: list[str] = field(default_factory=list)
 
     def replace(self, **changes) -> "EvictionSettings":
         return dataclasses.replace(self, **changes)
+
+    def key(self) -> tuple:
+        """The settings as a hashable tuple (for keys and stored identities); without whole heads, the tuple the
+        settings had before ``whole_heads`` existed, so that stores keyed by it stay valid."""
+        values = dataclasses.astuple(self)
+        return values[:-1] if not self.whole_heads else (*values[:-1], tuple(self.whole_heads))
 
     def protected_prefix(self, prompt_len: int | None) -> int:
         """Tokens kept besides the budget: the prompt when it is protected and fits the budget (a longer one is
@@ -114,6 +123,7 @@ class EvictionSettings:
             raise ValueError(f"selection must be one of {', '.join(SELECTIONS)}, got {self.selection!r}")
         if self.prompt_overflow not in ("error", "evict"):
             raise ValueError(f"prompt_overflow must be 'error' or 'evict', got {self.prompt_overflow!r}")
+        whole_heads.parse(self.whole_heads)
 
 
 @dataclass

@@ -144,7 +144,8 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
     model, tok = load_model(recipe.model)
     device = next(model.parameters()).device
     meths = build_methods(method_names, list(scorers), model, eval_cfg.protect_prompt,
-                          (recipe.kvpop.window, recipe.kvpop.sinks), (eval_cfg.scorer_selection, eval_cfg.scorer_temperature))
+                          (recipe.kvpop.window, recipe.kvpop.sinks), (eval_cfg.scorer_selection, eval_cfg.scorer_temperature),
+                          recipe.cache.whole_heads)
     t0 = time.time()
     if eval_cfg.traces:  # validation traces of a traces folder: nothing to generate
         problems, refs = validation_references(recipe, eval_cfg.traces, model, device, scorers)
@@ -193,7 +194,7 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
             return s.replace(prompt_overflow="evict", selection="topk", temperature=1.0)
 
         settings = along_golden(settings)
-        key = (dataclasses.astuple(settings), m.protect_prompt, bi)
+        key = (settings.key(), m.protect_prompt, bi)
         if key not in shared_passes:
             group = [x for x in meths if (x.name, B, L) not in done and x.protect_prompt == m.protect_prompt
                      and along_golden(x.settings(B, L, "evict")) == settings]

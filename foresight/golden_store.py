@@ -85,7 +85,7 @@ class GoldenStore:
         p = next(self.model.parameters())
         blob = {"model": [str(getattr(self.model.config, "_name_or_path", "")), str(p.dtype),
                           sum(x.numel() for x in self.model.parameters())],
-                "settings": dataclasses.astuple(self.settings.replace(selection="topk")),
+                "settings": self.settings.replace(selection="topk").key(),
                 "pool": self.pool, "steps": self.steps, "seed": self.seed, "layout": 3}  # 3: with the ahead statistics
         if self.behaviour is not None:  # its states depend on its weights: they are part of the key
             digest = hashlib.sha256()

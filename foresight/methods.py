@@ -30,6 +30,7 @@ class Method:
     checkpoint: Path | None = None  # a scorer checkpoint, whose model card records the evaluation
     layout: tuple[int, int] | None = None  # kvpop-oracle: KVpop's (window, sinks)
     selection: tuple[str, float] = ("topk", 1.0)  # a trained scorer's selection and sampler temperature
+    whole_heads: tuple[str, ...] = ()  # the recipe's cache.whole_heads (KV heads never evicted), for every method
 
     @property
     def is_full(self) -> bool:
@@ -42,7 +43,8 @@ class Method:
     def settings(self, budget: int, interval: int, overflow: str) -> EvictionSettings:
         """The eviction settings of this method at B:L (top-L selection unless the method samples)."""
         return EvictionSettings(budget=budget, interval=interval, sinks=self.sinks, protect_prompt=self.protect_prompt,
-                                prompt_overflow=overflow, selection=self.selection[0], temperature=self.selection[1])
+                                prompt_overflow=overflow, selection=self.selection[0], temperature=self.selection[1],
+                                whole_heads=list(self.whole_heads))
 
 
 def check_names(names: list[str]) -> list[str]:
@@ -57,9 +59,10 @@ def check_names(names: list[str]) -> list[str]:
 
 
 def build_methods(names: list[str], scorer_dirs: list, model, protect_all: bool,
-                  kvpop_layout: tuple[int, int] = (64, 4), scorer_selection: tuple[str, float] = ("topk", 1.0)) -> list[Method]:
+                  kvpop_layout: tuple[int, int] = (64, 4), scorer_selection: tuple[str, float] = ("topk", 1.0),
+                  whole_heads=()) -> list[Method]:
     """The methods ``names`` plus one per scorer checkpoint (``scorer_selection``: how the scorers pick their
-    pairs, with the sampler's temperature)."""
+    pairs, with the sampler's temperature; ``whole_heads``: KV heads every method keeps whole, cache.whole_heads)."""
     out = []
     for n in names:
         n = n.strip()
@@ -87,4 +90,4 @@ def build_methods(names: list[str], scorer_dirs: list, model, protect_all: bool,
         out.append(Method(name, make_policy=lambda b=bank, c=cfg, nm=name: policy_from_checkpoint(b, c, nm),
                           protect_prompt=protect_all, stateful=bool(getattr(bank, "stateful", False)),
                           checkpoint=Path(d), selection=scorer_selection))
-    return out
+    return [dataclasses.replace(m, whole_heads=tuple(whole_heads)) for m in out] if whole_heads else out

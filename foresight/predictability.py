@@ -267,7 +267,7 @@ def run(recipe, probe: Probe, out: Path, scorer: Path | None = None, log=print) 
                 "decoding": dataclasses.asdict(decoding)}
     identity = json.loads(json.dumps({**sampling, "budgets": budgets, "probe": dataclasses.asdict(probe),
                                       "scorer": str(scorer) if scorer else None, "golden_pool": recipe.sft.golden_pool,
-                                      "settings": [dataclasses.astuple(s) for s in along.values()]}))
+                                      "settings": [s.key() for s in along.values()]}))
     rows_file = out / "rows.json"
     saved = json.loads(rows_file.read_text()) if rows_file.exists() else {}
     rows = saved.get("rows", []) if saved.get("identity") == identity else []

@@ -163,7 +163,7 @@ def _feed(model, cache, input_ids, mask, chunk: int, prog: _Progress, known: int
             if h is not None:
                 prog.ent[:, s + 1:s + q] = h
         prog.prev_logits = logits[:, -1:] if step == "eager" else logits[:, -1:].clone()  # a recording's buffer
-        held = cache.n if bounded else end
+        held = cache.mean_held() if bounded else end
         prog.held_sum += held * q
         real = mask[:, s:end].sum(1)  # a row's own tokens in the chunk: slots it holds after them
         prog.held_rows += (held - q + real) * real

@@ -55,6 +55,9 @@ class StaticStep:
         if cache.full or cache.slots is None:
             raise ValueError("static decoding step: needs a bounded cache that was prefilled (a policy, and at least "
                              "one forward of the prompt)")
+        if cache.whole_heads:
+            raise ValueError("static decoding step: cache.whole_heads is not supported (the whole heads' store grows); "
+                             "decode with step='eager'")
         if getattr(cache.policy, "observe", None) is not None:
             raise ValueError(f"static decoding step: policy {getattr(cache.policy, 'name', cache.policy)!r} observes "
                              "every new pair on the host (Policy.observe), which a recorded step cannot do; decode "

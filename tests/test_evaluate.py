@@ -371,3 +371,19 @@ def test_eval_runs_the_part_before_the_first_eviction_once_per_batch_with_the_sa
     monkeypatch.setattr(SharedPrefixes, "get", lambda *a, **k: None)  # every method from token 0
     alone = run_eval(r, tmp_path / "alone", methods=methods, budgets="12:4,24:4", progress=False, log=lambda *_: None)
     assert shared == alone
+
+
+def test_eval_keeps_the_recipe_s_whole_heads_for_every_method(tiny_model_dir, tmp_path):
+    """cache.whole_heads reaches every method's cache: with every KV head whole nothing is lost at any budget."""
+    from pathlib import Path
+
+    cfg = json.loads((Path(tiny_model_dir) / "config.json").read_text())
+    heads = ",".join(f"{layer}:{h}" for layer in range(cfg["num_hidden_layers"]) for h in range(cfg["num_key_value_heads"]))
+    sets = [f"model.path={tiny_model_dir}", *SETS, "eval.recall=false"]
+    uniform = run_eval(load_recipe("recipes/tiny-qwen3.yaml", sets), tmp_path / "uniform", methods="full,golden,tova",
+                       budgets="12:4", progress=False, log=lambda *_: None)
+    whole = run_eval(load_recipe("recipes/tiny-qwen3.yaml", [*sets, f"cache.whole_heads={heads}"]), tmp_path / "whole",
+                     methods="full,golden,tova", budgets="12:4", progress=False, log=lambda *_: None)
+    for u, w in zip(uniform[1:], whole[1:]):
+        assert u["loss_ratio"] > 1.001 and abs(w["loss_ratio"] - 1) < 1e-4, (u, w)
+        assert w["mean_cache"] > u["mean_cache"]  # the whole heads' pairs count as held

@@ -11,14 +11,14 @@ PKG = Path(__file__).resolve().parents[1] / "foresight"
 PRIMITIVES = {"config", "features", "selection", "shapes", "atomic", "handoff", "slot_attention", "statistics", "eviction",
               "cache_chunks", "cache_attention", "rope_shift", "kept_queries",
               "view", "slots", "cache", "attention", "distributed", "reward", "prompts", "trace_data", "validation", "locks",
-              "serving", "layer_handle", "recipe_yaml", "full_cache"}
+              "serving", "layer_handle", "recipe_yaml", "full_cache", "whole_heads"}
 ENGINE = {"models", "rollout", "cache_fork", "generate", "static_step", "recorded", "golden", "scorer", "policies", "kvpop.topk",
           "kvpop.target", "kvpop.scorers", "golden_loss", "block_pooler"}
 PLUMBING = {"training", "checkpoint", "plots", "methods", "references", "report", "divergence", "styles", "completions",
             "golden_store", "eval_resume", "realbench_report", "paired", "compare", "trace_metrics", "grpo_objective",
             "grpo_rollout", "grpo_validation", "shared_prefixes", "trace_references", "ranking", "stage_inputs",
             "realbench_goals", "eval_generation"}
-STAGES = {"traces", "sft", "grpo", "kvpop.train", "evaluate"}
+STAGES = {"traces", "sft", "grpo", "kvpop.train", "evaluate", "head_search"}
 ENTRY = {"", "cli", "__main__", "demo", "bench", "gpubench", "integrations", "kvpop", "opcount", "realbench", "predictability",
          "grpo_noise"}
 LAYERS = [PRIMITIVES, ENGINE, PLUMBING, STAGES, ENTRY]

@@ -1,0 +1,185 @@
+"""Which KV heads to keep whole (``cache.whole_heads``) for a model and an eviction method: ``foresight heads``.
+
+A method's eviction loss is not spread evenly over the heads (on SmolLM2-135M one KV head of 90 holds 43% of the gap
+between the learned scorer and golden at B=128). This search measures it with the method itself, on a traces folder's
+validation traces (never the held-out references): the loss ratio when a set of KV heads is kept whole
+(:mod:`foresight.whole_heads`) against the same method with none, paired over the traces. Coarse to fine, so that a
+30-layer model costs ~25 rollouts rather than one per head:
+
+1. every group of ``group`` consecutive layers whole (all their KV heads);
+2. each layer of the ``top_groups`` groups that saved most, alone;
+3. each KV head of the ``top_layers`` layers that saved most, alone.
+
+The heads whose saving's paired 95% interval lies above zero (at most ``max_heads``, best first) are then measured as
+the allocation they ask for: the first k of them whole at the budget that holds the memory of the uniform budget on
+the longest trace (:func:`equal_memory_budget`), k = 1, 2, ...; the set with the largest saving at equal memory whose
+interval lies above zero is recommended (none: no whole head pays for the pairs it takes from the others). Every unit
+is written to ``OUT/heads.json`` when it finishes; a killed search resumes from them.
+
+    foresight heads --recipe recipes/smollm2-135m-realbench.yaml --traces runs/rb/traces \\
+        --scorers docs/results/smollm2-135m/scorers/sft-w256-gap --budgets 128:32 --out runs/heads
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from foresight import atomic
+from foresight.checkpoint import read_config
+from foresight.locks import locks_output
+from foresight.methods import build_methods, check_names
+from foresight.models import load_model
+from foresight.paired import paired_diff_ci
+from foresight.references import make_batch, trace_batches
+from foresight.rollout import rollout
+from foresight.trace_references import validation_references
+from foresight.validation import parse_budgets
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadSearch:
+    """The search's shape: layers per group, how many groups and layers are refined, how many heads recommended."""
+
+    group: int = 5
+    top_groups: int = 2
+    top_layers: int = 3
+    max_heads: int = 3
+
+    def validate(self) -> None:
+        for name in ("group", "top_groups", "top_layers", "max_heads"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"heads: {name} must be > 0, got {getattr(self, name)}")
+
+
+def equal_memory_budget(budget: int, interval: int, heads: int, total_heads: int, longest: int) -> int:
+    """The budget at which ``heads`` whole KV heads (of ``total_heads``) plus the bounded ones hold no more pairs at the
+    end of a ``longest``-token trace than every head at ``budget`` (the whole heads' slots count too)."""
+    return budget - math.ceil(heads * longest / total_heads)
+
+
+def _unit_name(heads: list[tuple[int, int]]) -> str:
+    return ",".join(f"{layer}:{h}" for layer, h in heads)
+
+
+class _Runner:
+    """Rollouts of one method on the validation traces, a set of whole heads at a time: per-trace loss sums."""
+
+    def __init__(self, model, refs, method, settings, pad_id: int, batch_size: int):
+        self.model, self.method, self.settings = model, method, settings
+        self.batches = [make_batch(refs, m, pad_id) for m in trace_batches(refs, batch_size, False)]
+
+    def sums(self, heads: list[tuple[int, int]], budget: int | None = None) -> dict:
+        st = self.settings.replace(whole_heads=[f"{layer}:{h}" for layer, h in heads],
+                                   budget=budget or self.settings.budget)
+        evicted, full, traces = [], [], []
+        for batch in self.batches:
+            res = rollout(self.model, batch["ids"], self.method.make_policy(), st, prompt_len=batch["prompt_lens"][0],
+                          attention_mask=batch["mask"], generator=torch.Generator().manual_seed(0),
+                          full=(batch["loss"], batch["entropy"]), entropy=False)
+            for r, (S, p) in enumerate(zip(batch["lengths"], batch["prompt_lens"])):
+                evicted.append(round(res.token_loss[r, p:S].sum().item(), 5))
+                full.append(round(batch["loss"][r, p:S].sum().item(), 5))
+                traces.append(batch["members"][r])
+        order = sorted(range(len(traces)), key=traces.__getitem__)
+        return {"evicted": [evicted[i] for i in order], "full": [full[i] for i in order]}
+
+
+def _saving(base: dict, unit: dict, seed: int) -> dict:
+    ratio = sum(unit["evicted"]) / sum(unit["full"])
+    base_ratio = sum(base["evicted"]) / sum(base["full"])
+    ci = paired_diff_ci(unit["evicted"], unit["full"], base["evicted"], base["full"], seed)  # base − unit
+    return {"loss_ratio": round(ratio, 5), "saving": round(base_ratio - ratio, 5), "saving_ci": ci}
+
+
+@locks_output("heads")
+def search_heads(recipe, traces_dir, out, method: str | None = None, scorers=(), budget: str = "128:32",
+                 search: HeadSearch = HeadSearch(), log=print) -> dict:
+    """Search the KV heads to keep whole for ``method`` (a heuristic's name) or the scorer checkpoint ``scorers[0]``
+    at ``budget`` (``B:L``) on the validation traces of ``traces_dir``; writes and returns ``OUT/heads.json``."""
+    search.validate()
+    if bool(method) == bool(scorers):
+        raise ValueError("heads: give one method (--method NAME) or one scorer checkpoint (--scorers DIR)")
+    budgets = parse_budgets(budget)
+    if len(budgets) != 1:
+        raise ValueError(f"heads: one budget B:L, got {budget!r}")
+    (B, L), = budgets
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model, tok = load_model(recipe.model)
+    device = next(model.parameters()).device
+    _, refs = validation_references(recipe, traces_dir, model, device, list(scorers))
+    names = check_names([method]) if method else []
+    meth = build_methods(names, list(scorers), model, recipe.eval.protect_prompt)[-1]
+    if meth.is_full or meth.teacher_forced_only:
+        raise ValueError(f"heads: {meth.name} does not evict by its own scores; choose a heuristic or a scorer")
+    settings = meth.settings(B, L, recipe.cache.prompt_overflow)
+    settings.validate()
+    cfg = model.config
+    nl, kv = cfg.num_hidden_layers, cfg.num_key_value_heads
+    identity = {"method": meth.name, "scorer": [[str(d), read_config(d).get("created")] for d in scorers],
+                "traces": str(traces_dir), "validation": len(refs), "budget": [B, L], "search": dataclasses.asdict(search),
+                "model": recipe.model.path}
+    identity = json.loads(json.dumps(identity))  # as it reads back from heads.json
+    path = out / "heads.json"
+    saved = json.loads(path.read_text()) if path.exists() else None  # written atomically: whole or absent
+    result = saved if saved and saved.get("identity") == identity else {"identity": identity, "units": {}}
+    runner = _Runner(model, refs, meth, settings, tok.pad_token_id, recipe.eval.batch_size)
+
+    def measure(heads: list[tuple[int, int]], level: str, at: int = B) -> dict:
+        name = (_unit_name(heads) or "none") + ("" if at == B else f"@B={at}")
+        if name not in result["units"]:
+            t0 = time.time()
+            sums = runner.sums(heads, at)
+            row = {"level": level, "heads": [list(h) for h in heads], "budget": at, **sums}
+            if heads:
+                row.update(_saving(result["units"]["none"], sums, recipe.eval.seed))
+            result["units"][name] = row
+            atomic.write_json(path, result, indent=1)
+            log(f"[heads] {level} {name}: saving {row.get('saving', 0):+.4f} {row.get('saving_ci')} "
+                f"({time.time() - t0:.0f} s)")
+        return result["units"][name]
+
+    def every_head(layers):
+        return [(layer, h) for layer in layers for h in range(kv)]
+
+    measure([], "none")
+    groups = [list(range(i, min(i + search.group, nl))) for i in range(0, nl, search.group)]
+    by_group = sorted(groups, key=lambda g: -measure(every_head(g), "group")["saving"])
+    layers = [layer for g in by_group[:search.top_groups] for layer in g]
+    by_layer = sorted(layers, key=lambda layer: -measure(every_head([layer]), "layer")["saving"])
+    heads = [(layer, h) for layer in by_layer[:search.top_layers] for h in range(kv)]
+    ranked = sorted(heads, key=lambda hd: -measure([hd], "head")["saving"])
+    helpful = [hd for hd in ranked if (measure([hd], "head")["saving_ci"] or [0])[0] > 0][:search.max_heads]
+    longest = max(int(r["ids"].shape[1]) for r in refs)
+    result["ranked_heads"] = [{"head": _unit_name([hd]), **{k: measure([hd], "head")[k] for k in
+                                                             ("loss_ratio", "saving", "saving_ci")}} for hd in ranked]
+    # each prefix of the helpful heads at the budget that pays for them: a whole head is worth it only when it saves
+    # more than the other heads lose to the smaller budget
+    options = []
+    for k in range(1, len(helpful) + 1):
+        at = equal_memory_budget(B, L, k, nl * kv, longest)
+        if at <= L or at < settings.sinks + (settings.window or L):
+            break
+        options.append((helpful[:k], at, measure(helpful[:k], "equal memory", at)))
+    paying = [o for o in options if (o[2]["saving_ci"] or [0])[0] > 0]
+    best = max(paying, key=lambda o: o[2]["saving"], default=None)
+    result["equal_memory"] = [{"whole_heads": [_unit_name([hd]) for hd in hs], "budget": at,
+                               **{k: row[k] for k in ("loss_ratio", "saving", "saving_ci")}} for hs, at, row in options]
+    result["recommended"] = {"whole_heads": [_unit_name([hd]) for hd in best[0]] if best else [],
+                             "budget": best[1] if best else B, "saving": best[2]["saving"] if best else 0.0,
+                             "saving_ci": best[2]["saving_ci"] if best else None, "longest_trace": longest}
+    atomic.write_json(path, result, indent=1)
+    rec = result["recommended"]
+    if best:
+        log(f"[heads] recommended: --set cache.whole_heads={','.join(rec['whole_heads'])} at B={rec['budget']} (the "
+            f"memory of B={B} on a {longest}-token trace) lowers the loss ratio by {rec['saving']:.4f} "
+            f"{rec['saving_ci']} on the validation traces")
+    else:
+        log(f"[heads] no whole head pays for its memory at B={B}: keep the uniform budget")
+    return result
