@@ -76,6 +76,7 @@ class WholeHeads:
             store.values[layer] = cache.slots.layer_values[layer].narrow(2, 0, n).index_select(1, idx)
             store.token[layer] = cache.slots.layer_token[layer].narrow(2, 0, n).index_select(1, idx)
         store.length = store.filled = n
+        store._qheads = {layer: idx.to(cache.keys.device) for layer, idx in store._qheads.items()}  # once, not per call
         return store
 
     def pairs(self) -> int:
@@ -115,7 +116,7 @@ class WholeHeads:
             return
         T = self.length
         K, V, ktok = self.keys[layer][:, :, :T], self.values[layer][:, :, :T], self.token[layer][:, :, :T]
-        qh = self._qheads[layer].to(query.device)
+        qh = self._qheads[layer]
         mask = visible(ktok, qtok, own=True).repeat_interleave(self.group, dim=1)  # [b, w*g, q, T]
         o = torch.nn.functional.scaled_dot_product_attention(query.index_select(1, qh), K, V, attn_mask=mask,
                                                              scale=scaling, enable_gqa=True)

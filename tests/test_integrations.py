@@ -47,3 +47,16 @@ def test_sampler_option_is_seeded(tmp_path):
         c = ForesightCache.from_pretrained(tmp_path / "ck", model, selection="sample", seed=5)
         outs.append(model.generate(ids, cache=c, max_new_tokens=30, do_sample=False))
     assert torch.equal(outs[0], outs[1])
+
+
+def test_whole_heads_reach_plain_generate(tmp_path):
+    """whole_heads=... in from_pretrained: transformers' generate decodes as the project's driver does with them."""
+    model = tiny_qwen3()
+    bank = checkpoint(model, tmp_path / "ck")
+    ids = torch.randint(8, 170, (1, 10), generator=torch.Generator().manual_seed(4))
+    cache = ForesightCache.from_pretrained(tmp_path / "ck", model, whole_heads=["1:0"])
+    out = model.generate(ids, cache=cache, max_new_tokens=40, do_sample=False)
+    assert cache.whole is not None and cache.whole.pairs() == 49 and cache.held() <= 16 + 4
+    mine = generate(model, ids, max_new_tokens=40, policy=LearnedPolicy(bank),
+                    settings=EvictionSettings(budget=16, interval=4, whole_heads=["1:0"]))
+    assert torch.equal(out, mine.sequences)

@@ -26,3 +26,5 @@ FORESIGHT_CACHE=${VAL_CACHE:-runs/s35/cache} python -m foresight heads --recipe 
   --set sft.val_traces=32 --set eval.num_problems=32 \
   --scorers docs/results/smollm2-135m/scorers/sft-w256-gap --budgets 128:32 --out $OUT/heads
 cp $OUT/heads/heads.json $D/
+# per-layer budgets, simulated (masking; ~12 min)
+FORESIGHT_CACHE=${VAL_CACHE:-runs/s35/cache} python $D/layerbudget.py runs/s34/sft-base $D/layerbudget.json
