@@ -122,9 +122,10 @@ def search_heads(recipe, traces_dir, out, method: str | None = None, scorers=(),
     settings.validate()
     cfg = model.config
     nl, kv = cfg.num_hidden_layers, cfg.num_key_value_heads
+    # what a unit's losses depend on (not the search's shape: a rerun with other top_layers or max_heads reuses them)
     identity = {"method": meth.name, "scorer": [[str(d), read_config(d).get("created")] for d in scorers],
-                "traces": str(traces_dir), "validation": len(refs), "budget": [B, L], "search": dataclasses.asdict(search),
-                "model": recipe.model.path}
+                "traces": str(traces_dir), "validation": len(refs), "budget": [B, L], "model": recipe.model.path,
+                "dtype": recipe.model.dtype}
     identity = json.loads(json.dumps(identity))  # as it reads back from heads.json
     path = out / "heads.json"
     saved = json.loads(path.read_text()) if path.exists() else None  # written atomically: whole or absent
@@ -174,6 +175,7 @@ def search_heads(recipe, traces_dir, out, method: str | None = None, scorers=(),
     result["recommended"] = {"whole_heads": [_unit_name([hd]) for hd in best[0]] if best else [],
                              "budget": best[1] if best else B, "saving": best[2]["saving"] if best else 0.0,
                              "saving_ci": best[2]["saving_ci"] if best else None, "longest_trace": longest}
+    result["search"] = dataclasses.asdict(search)
     atomic.write_json(path, result, indent=1)
     rec = result["recommended"]
     if best:

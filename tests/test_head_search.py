@@ -46,6 +46,9 @@ def test_the_search_measures_groups_layers_and_heads_and_resumes(folder, monkeyp
     again = search_heads(recipe, tmp / "tr", tmp / "heads", method="tova", budget="12:4", search=search,
                          log=lambda *_: None)
     assert again["ranked_heads"] == res["ranked_heads"] and json.loads((tmp / "heads" / "heads.json").read_text()) == again
+    wider = search_heads(recipe, tmp / "tr", tmp / "heads", method="tova", budget="12:4", log=lambda *_: None,
+                         search=HeadSearch(group=2, top_groups=1, top_layers=1, max_heads=1))  # the same units
+    assert wider["units"] == res["units"] and wider["search"]["max_heads"] == 1
 
 
 def test_a_recommendation_is_measured_at_equal_memory_and_must_pay_for_it(tmp_path):

@@ -28,3 +28,7 @@ FORESIGHT_CACHE=${VAL_CACHE:-runs/s35/cache} python -m foresight heads --recipe 
 cp $OUT/heads/heads.json $D/
 # per-layer budgets, simulated (masking; ~12 min)
 FORESIGHT_CACHE=${VAL_CACHE:-runs/s35/cache} python $D/layerbudget.py runs/s34/sft-base $D/layerbudget.json
+# the same search for TOVA (~10 min)
+FORESIGHT_CACHE=${VAL_CACHE:-runs/s35/cache} python -m foresight heads --recipe $R --traces runs/rb/traces \
+  --set sft.val_traces=32 --set eval.num_problems=32 --method tova --budgets 128:32 --out $OUT/heads-tova
+cp $OUT/heads-tova/heads.json $D/heads-tova.json
