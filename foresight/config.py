@@ -93,8 +93,8 @@ class EvictionSettings:
     def key(self) -> tuple:
         """The settings as a hashable tuple (for keys and stored identities); without whole heads, the tuple the
         settings had before ``whole_heads`` existed, so that stores keyed by it stay valid."""
-        values = dataclasses.astuple(self)
-        return values[:-1] if not self.whole_heads else (*values[:-1], tuple(self.whole_heads))
+        values = tuple(getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "whole_heads")
+        return values if not self.whole_heads else (*values, tuple(self.whole_heads))
 
     def protected_prefix(self, prompt_len: int | None) -> int:
         """Tokens kept besides the budget: the prompt when it is protected and fits the budget (a longer one is
