@@ -32,3 +32,10 @@ FORESIGHT_CACHE=${VAL_CACHE:-runs/s35/cache} python $D/layerbudget.py runs/s34/s
 FORESIGHT_CACHE=${VAL_CACHE:-runs/s35/cache} python -m foresight heads --recipe $R --traces runs/rb/traces \
   --set sft.val_traces=32 --set eval.num_problems=32 --method tova --budgets 128:32 --out $OUT/heads-tova
 cp $OUT/heads-tova/heads.json $D/heads-tova.json
+# the recommended scorer on 192 held-out references (the first 48 from the cache above, 144 more drawn; ~30 min)
+mkdir -p $OUT/cache192 && cp -rn ${REF_CACHE:-runs/s32/cache}/references $OUT/cache192/
+for W in "" "--set cache.whole_heads=18:2"; do
+  FORESIGHT_CACHE=$OUT/cache192 python -m foresight eval --recipe $R --scorers docs/results/smollm2-135m/scorers/sft-w256-gap \
+    --set eval.num_problems=192 --set eval.recall=false $W --methods full \
+    --budgets $([ -z "$W" ] && echo 128:32,256:32 || echo 114:32,242:32) --out $OUT/heldout192${W:+-whole}
+done
