@@ -204,7 +204,7 @@ class BoundedCache(Cache):
         keys, values = self.slots.layer_keys[layer_idx], self.slots.layer_values[layer_idx]
         keys.narrow(2, n_old, q).copy_(key_states)
         values.narrow(2, n_old, q).copy_(value_states)
-        if self.whole is not None:
+        if self.whole is not None and layer_idx in self.whole.by_layer:
             self.whole.append(layer_idx, key_states, value_states,
                               self.slots.layer_token[layer_idx].narrow(2, n_old, q))
         k_view, v_view = keys.narrow(2, 0, n_old + q), values.narrow(2, 0, n_old + q)

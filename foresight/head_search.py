@@ -35,8 +35,8 @@ from foresight.checkpoint import read_config
 from foresight.locks import locks_output
 from foresight.methods import build_methods, check_names
 from foresight.models import load_model
-from foresight.paired import paired_diff_ci
 from foresight.references import make_batch, trace_batches
+from foresight.report import paired_ratio_diff_ci
 from foresight.rollout import rollout
 from foresight.trace_references import validation_references
 from foresight.validation import parse_budgets
@@ -91,10 +91,16 @@ class _Runner:
 
 
 def _saving(base: dict, unit: dict, seed: int) -> dict:
+    """A unit's loss ratio and its saving against the uniform ``base`` (base − unit, paired over the same traces)."""
     ratio = sum(unit["evicted"]) / sum(unit["full"])
     base_ratio = sum(base["evicted"]) / sum(base["full"])
-    ci = paired_diff_ci(unit["evicted"], unit["full"], base["evicted"], base["full"], seed)  # base − unit
+    ci = paired_ratio_diff_ci(*({"evicted_loss": r["evicted"], "full_loss": r["full"]} for r in (base, unit)), seed)
     return {"loss_ratio": round(ratio, 5), "saving": round(base_ratio - ratio, 5), "saving_ci": ci}
+
+
+def _separated(row: dict) -> bool:
+    """The saving's paired 95% interval lies above zero."""
+    return bool(row["saving_ci"]) and row["saving_ci"][0] > 0
 
 
 @locks_output("heads")
@@ -156,7 +162,7 @@ def search_heads(recipe, traces_dir, out, method: str | None = None, scorers=(),
     by_layer = sorted(layers, key=lambda layer: -measure(every_head([layer]), "layer")["saving"])
     heads = [(layer, h) for layer in by_layer[:search.top_layers] for h in range(kv)]
     ranked = sorted(heads, key=lambda hd: -measure([hd], "head")["saving"])
-    helpful = [hd for hd in ranked if (measure([hd], "head")["saving_ci"] or [0])[0] > 0][:search.max_heads]
+    helpful = [hd for hd in ranked if _separated(measure([hd], "head"))][:search.max_heads]
     longest = max(int(r["ids"].shape[1]) for r in refs)
     result["ranked_heads"] = [{"head": _unit_name([hd]), **{k: measure([hd], "head")[k] for k in
                                                              ("loss_ratio", "saving", "saving_ci")}} for hd in ranked]
@@ -168,7 +174,7 @@ def search_heads(recipe, traces_dir, out, method: str | None = None, scorers=(),
         if at <= L or at < settings.sinks + (settings.window or L):
             break
         options.append((helpful[:k], at, measure(helpful[:k], "equal memory", at)))
-    paying = [o for o in options if (o[2]["saving_ci"] or [0])[0] > 0]
+    paying = [o for o in options if _separated(o[2])]
     best = max(paying, key=lambda o: o[2]["saving"], default=None)
     result["equal_memory"] = [{"whole_heads": [_unit_name([hd]) for hd in hs], "budget": at,
                                **{k: row[k] for k in ("loss_ratio", "saving", "saving_ci")}} for hs, at, row in options]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from foresight.slot_attention import visible
+from foresight.slot_attention import ChunkMasks
 
 
 def parse(entries) -> list[tuple[int, int]]:
@@ -51,8 +51,7 @@ class WholeHeads:
     """Every pair of the chosen heads: per layer with whole heads, keys and values ``[b, w, T, d]`` and token indices
     ``[b, w, T]`` (``-1`` for padding), ``T`` the tokens fed so far (room grows by doubling)."""
 
-    def __init__(self, heads: list[tuple[int, int]], group: int):
-        self.heads = heads
+    def __init__(self, heads: list[tuple[int, int]], group: int, device):
         self.group = group
         self.by_layer: dict[int, list[int]] = {}
         for layer, head in heads:
@@ -62,13 +61,13 @@ class WholeHeads:
         self.token: dict[int, torch.Tensor] = {}
         self.filled = 0  # pairs held per whole head before the chunk in progress
         self.length = 0  # the same with the chunk in progress (what attention sees)
-        self._qheads = {layer: torch.tensor([h * group + i for h in hs for i in range(group)])
-                        for layer, hs in self.by_layer.items()}
+        self._qheads = {layer: torch.tensor([h * group + i for h in hs for i in range(group)], device=device)
+                        for layer, hs in self.by_layer.items()}  # each layer's whole heads' query heads
 
     @classmethod
     def from_slots(cls, cache) -> "WholeHeads":
         """The store at a cache's first eviction: its slots' first ``n`` pairs of the chosen heads (every pair fed)."""
-        store = cls(cache.whole_heads, cache.group)
+        store = cls(cache.whole_heads, cache.group, cache.keys.device)
         n = cache.n
         for layer, hs in store.by_layer.items():
             idx = torch.tensor(hs, device=cache.keys.device)
@@ -76,7 +75,6 @@ class WholeHeads:
             store.values[layer] = cache.slots.layer_values[layer].narrow(2, 0, n).index_select(1, idx)
             store.token[layer] = cache.slots.layer_token[layer].narrow(2, 0, n).index_select(1, idx)
         store.length = store.filled = n
-        store._qheads = {layer: idx.to(cache.keys.device) for layer, idx in store._qheads.items()}  # once, not per call
         return store
 
     def pairs(self) -> int:
@@ -88,10 +86,8 @@ class WholeHeads:
 
     def append(self, layer: int, key_states: torch.Tensor, value_states: torch.Tensor, token: torch.Tensor) -> None:
         """The new pairs of a chunk (``[b, h, q, d]`` for every KV head; ``token`` [b, h, q] their indices) for
-        ``layer``'s whole heads, after the ``filled`` pairs of the chunks before it."""
-        hs = self.by_layer.get(layer)
-        if hs is None:
-            return
+        ``layer``, one with whole heads, after the ``filled`` pairs of the chunks before it."""
+        hs = self.by_layer[layer]
         q = key_states.shape[2]
         start = self.filled
         self.length = start + q
@@ -117,7 +113,7 @@ class WholeHeads:
         T = self.length
         K, V, ktok = self.keys[layer][:, :, :T], self.values[layer][:, :, :T], self.token[layer][:, :, :T]
         qh = self._qheads[layer]
-        mask = visible(ktok, qtok, own=True).repeat_interleave(self.group, dim=1)  # [b, w*g, q, T]
+        mask = ChunkMasks.padded_chunk(ktok, qtok, self.group)  # [b, w*g, q, T], as the slots' with padding
         o = torch.nn.functional.scaled_dot_product_attention(query.index_select(1, qh), K, V, attn_mask=mask,
                                                              scale=scaling, enable_gqa=True)
         out.index_copy_(1, qh, o.to(out.dtype))

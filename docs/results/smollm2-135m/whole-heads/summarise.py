@@ -8,7 +8,7 @@ itself at the uniform B it matches in memory, and the recommended scorer against
 import json
 from pathlib import Path
 
-from foresight.paired import aligned, paired_diff_ci
+from foresight.report import paired_ratio_diff_ci
 
 HERE = Path(__file__).parent
 whole = json.loads((HERE / "results.json").read_text())
@@ -22,12 +22,7 @@ def row(rows, method, budget):
 
 def diff(a, b):
     """loss ratio of b − a on the same traces, with its paired 95% interval."""
-    pa, pb = a["per_trace"], b["per_trace"]
-    pairs = aligned(pa["trace"], pb["trace"])
-    i, j = zip(*pairs)
-    ci = paired_diff_ci([pa["evicted_loss"][k] for k in i], [pa["full_loss"][k] for k in i],
-                        [pb["evicted_loss"][k] for k in j], [pb["full_loss"][k] for k in j])
-    return round(b["loss_ratio"] - a["loss_ratio"], 4), ci
+    return round(b["loss_ratio"] - a["loss_ratio"], 4), paired_ratio_diff_ci(b["per_trace"], a["per_trace"])
 
 
 print("| B' (whole 18:2) | method | loss ratio [95% CI] | mean cache | uniform B | its loss ratio | mean cache | "
