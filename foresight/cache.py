@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache
 
-from foresight import cache_attention, cache_chunks, eviction, features, handoff, rope_shift, whole_heads
+from foresight import cache_attention, cache_chunks, eviction, features, handoff, layer_budgets, rope_shift, whole_heads
 from foresight.config import EvictionSettings
 from foresight.layer_handle import LayerHandle
 from foresight.shapes import AttentionShape, text_config
@@ -65,6 +65,8 @@ class BoundedCache(Cache):
         self.whole_heads = [] if self.full else whole_heads.parse(settings.whole_heads)
         whole_heads.check_shape(self.whole_heads, self.num_layers, self.kv_heads)
         self.whole: whole_heads.WholeHeads | None = None  # every pair of the whole heads, from the first eviction
+        self.layer_budget = self._layer_budgets(settings, recorder)  # None: every layer holds B
+        self.holes_made = False  # the first eviction made the layers' holes (foresight.layer_budgets)
         accumulations(getattr(policy, "reads", None))  # an unknown statistic fails here, not mid-rollout
         super().__init__(layers=[LayerHandle(self, i) for i in range(self.num_layers)])
         self.n = 0  # slots in use (same for every row, layer and head)
@@ -84,6 +86,20 @@ class BoundedCache(Cache):
         self.static = None  # a foresight.static_step.StaticStep while a static decoding step runs
         self.prepared = False  # the chunk in progress was planned by prepare_chunk (its caller finishes it)
         self.chunk_real = True  # no token of the chunk in progress is padding
+
+    def _layer_budgets(self, settings: EvictionSettings, recorder) -> list[int] | None:
+        """Each layer's budget under ``cache.layer_budgets`` (None when every layer gets the same)."""
+        if self.full or not settings.layer_budgets:
+            return None
+        per_layer = layer_budgets.budgets(settings.layer_budgets, settings.budget, self.num_layers)
+        layer_budgets.check(per_layer, settings.interval, self.window, settings.sinks)
+        if len(set(per_layer)) == 1:
+            return None
+        if recorder is not None:
+            raise ValueError("cache.layer_budgets: recorded eviction steps (golden labels, GRPO, eval.recall) are not "
+                             "supported with per-layer budgets (the first eviction drops more pairs in some layers); "
+                             "set eval.recall=false, or train without them")
+        return per_layer
 
     # ----------------------------------------------------------------------------------------------- set-up
     def feed(self, valid: torch.Tensor, all_real: bool = False) -> dict:
@@ -114,14 +130,25 @@ class BoundedCache(Cache):
         return self.prompt_len if (self.settings.protect_prompt and self.prompt_len) else 0
 
     @property
+    def max_budget(self) -> int:
+        """The largest layer's budget (B unless ``cache.layer_budgets``): the slots' rectangle holds it."""
+        return self.settings.budget if self.layer_budget is None else max(self.layer_budget)
+
+    @property
     def capacity(self) -> int:
         if self.full:
             return 0
-        return self.protected_prefix + self.settings.budget + self.settings.interval
+        return self.protected_prefix + self.max_budget + self.settings.interval
 
     @property
     def target(self) -> int:
-        return self.protected_prefix + self.settings.budget
+        return self.protected_prefix + self.max_budget
+
+    def pending_holes(self) -> list[int] | None:
+        """Per layer, the holes the next eviction makes (``max B - B_l``, at the first eviction only), or None."""
+        if self.layer_budget is None or self.holes_made:
+            return None
+        return [self.max_budget - b for b in self.layer_budget]
 
     def next_chunk(self, remaining: int) -> int:
         """Largest chunk the drivers may feed next: ends at the next eviction point or block start."""
@@ -236,6 +263,9 @@ class BoundedCache(Cache):
         if self.whole_heads:
             raise ValueError("cache.whole_heads: recorded chunks (model.step=graph) are not supported with whole heads "
                              "(their store grows); use model.step=eager")
+        if self.layer_budget is not None:
+            raise ValueError("cache.layer_budgets: recorded chunks (model.step=graph) are not supported with per-layer "
+                             "budgets; use model.step=eager")
         cache_chunks.plan(self, q, tok_out, valid_out)
         self.prepared = True
 
@@ -299,12 +329,16 @@ class BoundedCache(Cache):
         return (0 if self.slots is None else self.slots.nbytes()) + (0 if self.whole is None else self.whole.nbytes())
 
     def held(self) -> int:
-        """Pairs held per (sequence, layer, KV head) in the slots right now."""
+        """Slots in use per (sequence, layer, KV head) right now (with per-layer budgets, holes included)."""
         return self.n
 
     def mean_held(self) -> float:
-        """Pairs held per (sequence, layer, KV head) on average over the heads, the whole heads' store included
-        (their slots' copies count too: it is the memory held)."""
-        if self.whole is None:
-            return float(self.n)
-        return self.n + self.whole.pairs() * len(self.whole_heads) / (self.num_layers * self.kv_heads)
+        """Pairs held per (sequence, layer, KV head) on average over the heads: the slots in use less the layers'
+        holes (``cache.layer_budgets``), the whole heads' store included (their slots' copies count too: it is the
+        memory held)."""
+        held = float(self.n)
+        if self.holes_made:
+            held -= (self.max_budget * self.num_layers - sum(self.layer_budget)) / self.num_layers
+        if self.whole is not None:
+            held += self.whole.pairs() * len(self.whole_heads) / (self.num_layers * self.kv_heads)
+        return held

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from foresight import whole_heads
+from foresight import layer_budgets, whole_heads
 from foresight.recipe_yaml import fill, read_yaml
 from foresight.validation import SELECTIONS, RecipeError, check_recipe, parse_budgets
 
@@ -86,15 +86,20 @@ class EvictionSettings:
     temperature: float = 1.0  # softmax temperature of the sampler
     # "LAYER:HEAD" KV heads that keep every pair (never evicted) while the others hold B (foresight.whole_heads)
     whole_heads: list[str] = field(default_factory=list)
+    # "LAYERS:WEIGHT" shares of the budget per layer, the mean per-layer budget staying B (foresight.layer_budgets)
+    layer_budgets: list[str] = field(default_factory=list)
 
     def replace(self, **changes) -> "EvictionSettings":
         return dataclasses.replace(self, **changes)
 
     def key(self) -> tuple:
-        """The settings as a hashable tuple (for keys and stored identities); without whole heads, the tuple the
-        settings had before ``whole_heads`` existed, so that stores keyed by it stay valid."""
-        values = tuple(getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "whole_heads")
-        return values if not self.whole_heads else (*values, tuple(self.whole_heads))
+        """The settings as a hashable tuple (for keys and stored identities); without whole heads and layer budgets,
+        the tuple the settings had before those existed, so that stores keyed by it stay valid."""
+        values = tuple(getattr(self, f.name) for f in dataclasses.fields(self)
+                       if f.name not in ("whole_heads", "layer_budgets"))
+        if self.whole_heads:
+            values = (*values, tuple(self.whole_heads))
+        return values if not self.layer_budgets else (*values, ("layer_budgets", *self.layer_budgets))
 
     def protected_prefix(self, prompt_len: int | None) -> int:
         """Tokens kept besides the budget: the prompt when it is protected and fits the budget (a longer one is
@@ -124,6 +129,7 @@ class EvictionSettings:
         if self.prompt_overflow not in ("error", "evict"):
             raise ValueError(f"prompt_overflow must be 'error' or 'evict', got {self.prompt_overflow!r}")
         whole_heads.parse(self.whole_heads)
+        layer_budgets.parse(self.layer_budgets)
 
 
 @dataclass

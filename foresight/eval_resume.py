@@ -28,8 +28,9 @@ def eval_identity(recipe) -> dict:
     Training-only settings (``scorer``, the rest of ``sft``, ``grpo``) are left out: the scorers are checkpoints."""
     d = recipe.to_dict()
     keep = {k: d[k] for k in ("name", "task", "traces", "cache", "eval", "kvpop")}
-    if not keep["cache"].get("whole_heads"):
-        keep["cache"] = {k: v for k, v in keep["cache"].items() if k != "whole_heads"}  # as before whole heads existed
+    for name in ("whole_heads", "layer_budgets"):  # empty: the identity evaluations had before these existed
+        if not keep["cache"].get(name):
+            keep["cache"] = {k: v for k, v in keep["cache"].items() if k != name}
     sft = {"golden_pool": recipe.sft.golden_pool}
     if recipe.eval.traces is None:  # held-out references: the identity evaluations had before eval.traces existed
         del keep["eval"]["traces"]

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from foresight import atomic, prompts
+from foresight import atomic, layer_budgets, prompts
 from foresight.checkpoint import read_config, record_eval
 from foresight.config import EvictionSettings
 from foresight.golden import GoldenPolicy, block_pooled_attention
@@ -53,6 +53,7 @@ from foresight.references import make_batch, reference_traces, stack_padded, tra
 from foresight.report import results_table
 from foresight.rollout import rollout
 from foresight.selection import top_indices, topk_overlap
+from foresight.shapes import AttentionShape
 from foresight.shared_prefixes import SharedPrefixes
 from foresight.trace_references import check_references_unseen, validation_references
 from foresight.trace_metrics import TraceMetrics
@@ -134,6 +135,9 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
     budget_list = parse_budgets(budgets or eval_cfg.budgets)
     for B, L in budget_list:
         EvictionSettings(budget=B, interval=L).validate()
+    if recipe.cache.layer_budgets and eval_cfg.recall:
+        raise ValueError("cache.layer_budgets: recall against golden is not measured with per-layer budgets (golden's "
+                         "steps there are not the uniform ones); set eval.recall=false")
     method_names = check_names((methods or eval_cfg.methods).split(","))
     identity = {"recipe": eval_identity(recipe), "methods": method_names, "budgets": budget_list,
                 "scorers": [[str(d), read_config(d).get("created")] for d in scorers]}
@@ -145,7 +149,11 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
     device = next(model.parameters()).device
     meths = build_methods(method_names, list(scorers), model, eval_cfg.protect_prompt,
                           (recipe.kvpop.window, recipe.kvpop.sinks), (eval_cfg.scorer_selection, eval_cfg.scorer_temperature),
-                          recipe.cache.whole_heads)
+                          recipe.cache)
+    num_layers = AttentionShape.of(model.config).num_layers
+    for B, L in budget_list:  # every layer's share of every budget leaves room for an eviction (before any work)
+        layer_budgets.check(layer_budgets.budgets(recipe.cache.layer_budgets, B, num_layers), L, L,
+                            max(m.sinks for m in meths))
     t0 = time.time()
     if eval_cfg.traces:  # validation traces of a traces folder: nothing to generate
         problems, refs = validation_references(recipe, eval_cfg.traces, model, device, scorers)
@@ -197,6 +205,7 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
         key = (settings.key(), m.protect_prompt, bi)
         if key not in shared_passes:
             group = [x for x in meths if (x.name, B, L) not in done and x.protect_prompt == m.protect_prompt
+                     and (eval_cfg.recall or x.kind == "golden")  # without recall only golden's own row
                      and along_golden(x.settings(B, L, "evict")) == settings]
             shared_passes[key] = golden_pass(group, model, batch, settings, future, seed, prefixes,
                                              (m.protect_prompt, bi))
@@ -272,7 +281,7 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
     plots.budget_curves(rows, out, meta=meta)
     best = next((m for m in reversed(meths) if m.name.startswith("foresight")), None) or \
         next((m for m in meths if m.name == "golden"), None) or next((m for m in meths if not m.is_full), None)
-    if best is not None and refs:
+    if best is not None and refs and not best.layer_budgets:  # the map records steps: uniform budgets only
         B, L = budget_list[0]
         prefix = best.settings(B, L, "evict").protected_prefix(refs[0]["prompt_len"])
         future = futures.get((0, B, L, prefix))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from foresight import features
+from foresight import features, layer_budgets
 from foresight.selection import choose, kept_slots
 from foresight.statistics import ALL_ACCUMULATIONS
 from foresight.view import EvictionView, candidates
@@ -52,16 +52,24 @@ def evict(cache, n_evict: int) -> None:
     scores = cache.policy.score(view).float()
     evictable = view.evictable
     if cache.padded:  # padding slots go first (without padding, every slot below n holds a real token)
-        pad = (tok < 0) & (torch.arange(n, device=tok.device) >= cache.protected_prefix)
+        pad = (tok == -1) & (torch.arange(n, device=tok.device) >= cache.protected_prefix)  # not the layers' holes
         scores = torch.where(pad, torch.full_like(scores, 1e30), scores)
         evictable = evictable | pad
     # without padding the candidates are the same slots at every eviction of the same size: counted once
     check = cache.padded or (n, n_evict) not in cache._checked
-    chosen = choose(scores, evictable, n_evict, cache.settings.selection, cache.settings.temperature, cache.generator,
-                    check=check)
+    st = cache.settings
+    holes = cache.pending_holes()
+    if holes is None:
+        chosen = choose(scores, evictable, n_evict, st.selection, st.temperature, cache.generator, check=check)
+        order = kept_slots(chosen, n)
+    else:  # per-layer budgets' first eviction: some layers give up more pairs, which become holes
+        drop = layer_budgets.ragged_drop(lambda s, e, k: choose(s, e, k, st.selection, st.temperature, cache.generator),
+                                         scores, evictable, n_evict, holes)
+        order, hole = layer_budgets.split_drop(drop, n_evict)
+        tok.masked_fill_(hole, layer_budgets.HOLE)  # the slots' own token indices (a view)
+        cache.padded = cache.holes_made = True  # attention masks come from token indices from now on
     if not cache.padded:
         cache._checked.add((n, n_evict))
-    order = kept_slots(chosen, n)
     if cache.recorder is not None:
         cache.recorder({"step": cache.steps, "seen": cache.seen, "token": tok.clone(), "chosen": chosen,
                         "scores": scores, "evictable": evictable, "view": view.snapshot()})

@@ -31,6 +31,7 @@ class Method:
     layout: tuple[int, int] | None = None  # kvpop-oracle: KVpop's (window, sinks)
     selection: tuple[str, float] = ("topk", 1.0)  # a trained scorer's selection and sampler temperature
     whole_heads: tuple[str, ...] = ()  # the recipe's cache.whole_heads (KV heads never evicted), for every method
+    layer_budgets: tuple[str, ...] = ()  # the recipe's cache.layer_budgets (shares of B per layer), for every method
 
     @property
     def is_full(self) -> bool:
@@ -44,7 +45,7 @@ class Method:
         """The eviction settings of this method at B:L (top-L selection unless the method samples)."""
         return EvictionSettings(budget=budget, interval=interval, sinks=self.sinks, protect_prompt=self.protect_prompt,
                                 prompt_overflow=overflow, selection=self.selection[0], temperature=self.selection[1],
-                                whole_heads=list(self.whole_heads))
+                                whole_heads=list(self.whole_heads), layer_budgets=list(self.layer_budgets))
 
 
 def check_names(names: list[str]) -> list[str]:
@@ -60,9 +61,10 @@ def check_names(names: list[str]) -> list[str]:
 
 def build_methods(names: list[str], scorer_dirs: list, model, protect_all: bool,
                   kvpop_layout: tuple[int, int] = (64, 4), scorer_selection: tuple[str, float] = ("topk", 1.0),
-                  whole_heads=()) -> list[Method]:
+                  cache: EvictionSettings | None = None) -> list[Method]:
     """The methods ``names`` plus one per scorer checkpoint (``scorer_selection``: how the scorers pick their
-    pairs, with the sampler's temperature; ``whole_heads``: KV heads every method keeps whole, cache.whole_heads)."""
+    pairs, with the sampler's temperature; ``cache``: the recipe's cache section, whose allocation every method
+    shares: the KV heads kept whole, ``whole_heads``, and the layers' shares of the budget, ``layer_budgets``)."""
     out = []
     for n in names:
         n = n.strip()
@@ -90,4 +92,7 @@ def build_methods(names: list[str], scorer_dirs: list, model, protect_all: bool,
         out.append(Method(name, make_policy=lambda b=bank, c=cfg, nm=name: policy_from_checkpoint(b, c, nm),
                           protect_prompt=protect_all, stateful=bool(getattr(bank, "stateful", False)),
                           checkpoint=Path(d), selection=scorer_selection))
-    return [dataclasses.replace(m, whole_heads=tuple(whole_heads)) for m in out] if whole_heads else out
+    if cache is None:
+        return out
+    return [dataclasses.replace(m, whole_heads=tuple(cache.whole_heads), layer_budgets=tuple(cache.layer_budgets))
+            for m in out]

@@ -124,6 +124,6 @@ def test_settings_keys_are_hashable_and_unchanged_without_whole_heads():
     import dataclasses
 
     plain = EvictionSettings(budget=64, interval=16)
-    assert plain.key() == dataclasses.astuple(plain)[:-1]  # golden stores and evaluations keyed before stay valid
+    assert plain.key() == dataclasses.astuple(plain)[:-2]  # golden stores and evaluations keyed before stay valid
     keyed = {plain.replace(whole_heads=["1:0"]).key(): 1}
     assert plain.replace(whole_heads=["1:0"]).key() in keyed and plain.key() not in keyed

@@ -1,0 +1,116 @@
+"""Per-layer budgets: layers get unequal shares of the cache while the mean per-layer budget stays B
+(``cache.layer_budgets``).
+
+Eviction's loss is uneven across layers: on SmolLM2-135M, layers 15–24 hold 88% of the loss between the learned scorer
+and golden at B=128 and 256 (``docs/results/smollm2-135m/probe-sft-variants/layer-swap/``), so giving them more of the
+same memory pays (PyramidKV and DuoAttention move memory between layers and heads for the same reason).
+
+Settings: ``"LAYERS:WEIGHT"`` strings, ``LAYERS`` one layer (``18``), a range (``15-24``, both ends included) or ``*``
+(every layer not listed otherwise); a layer not listed has weight 1. The weights are relative: layer ``l`` gets
+``B_l = nl · B · w_l / Σ w`` pairs, rounded so that the budgets sum to exactly ``nl · B`` (largest remainders), so a
+cache with per-layer budgets holds the memory of the uniform B (``--set cache.layer_budgets=15-24:2`` on a 30-layer
+model at B=128: layers 15–24 hold 192, the others 96).
+
+How (:class:`~foresight.cache.BoundedCache`): the slots stay one rectangular array of ``max_l B_l + L`` (plus the
+protected prompt). At the cache's first eviction, layer ``l`` evicts ``max B − B_l`` more pairs than the others, chosen
+by the policy like every eviction; the extra ones become *holes* (token index :data:`HOLE`): no query sees them, they
+are never candidates and never evicted, so from then on every layer evicts L pairs per step and layer ``l`` holds
+``B_l`` pairs after each eviction. The rectangle wastes ``max B − B_l`` slots per head of layer ``l`` (a paged cache
+would not); the memory the cache reports (``mean_held``) counts the pairs held, not the holes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+HOLE = -2  # the token index of a hole (padding and empty slots hold -1: both are invisible, only padding is evicted)
+
+
+def parse(entries) -> list[tuple[str, float]]:
+    """``["15-24:2", "*:0.5"]`` as (layers, weight) pairs, checked for form; layers are checked against a model by
+    :func:`budgets`."""
+    out, seen_star = [], False
+    for e in entries or ():
+        try:
+            layers, weight = str(e).rsplit(":", 1)
+            w = float(weight)
+            if layers != "*":
+                _layer_range(layers)
+        except ValueError:
+            raise ValueError(f"cache.layer_budgets: {e!r} is not LAYERS:WEIGHT (e.g. 15-24:2, 18:1.5 or *:0.5)") from None
+        if not w > 0 or w != w or w == float("inf"):
+            raise ValueError(f"cache.layer_budgets: {e!r} needs a positive weight")
+        if layers == "*":
+            if seen_star:
+                raise ValueError("cache.layer_budgets: '*' is listed twice")
+            seen_star = True
+        out.append((layers, w))
+    return out
+
+
+def _layer_range(spec: str) -> range:
+    first, _, last = spec.partition("-")
+    lo, hi = int(first), int(last or first)
+    if lo < 0 or hi < lo:
+        raise ValueError(spec)
+    return range(lo, hi + 1)
+
+
+def weights(entries, num_layers: int) -> list[float]:
+    """Each layer's weight (1 unless listed; ``*``: every layer not listed by number)."""
+    w: list[float | None] = [None] * num_layers
+    star = 1.0
+    for layers, weight in parse(entries):
+        if layers == "*":
+            star = weight
+            continue
+        for layer in _layer_range(layers):
+            if layer >= num_layers:
+                raise ValueError(f"cache.layer_budgets: layer {layer} ({layers}:{weight:g}) is not a layer of this model "
+                                 f"({num_layers} layers, counted from 0)")
+            if w[layer] is not None:
+                raise ValueError(f"cache.layer_budgets: layer {layer} is listed twice")
+            w[layer] = weight
+    return [star if x is None else x for x in w]
+
+
+def budgets(entries, budget: int, num_layers: int) -> list[int]:
+    """Each layer's budget: shares of ``num_layers · budget`` by weight, rounded by largest remainders (they sum to
+    exactly ``num_layers · budget``)."""
+    w = weights(entries, num_layers)
+    total = num_layers * budget
+    exact = [total * x / sum(w) for x in w]
+    out = [int(x) for x in exact]
+    for i in sorted(range(num_layers), key=lambda i: (out[i] - exact[i], i))[:total - sum(out)]:
+        out[i] += 1
+    return out
+
+
+def check(per_layer: list[int], interval: int, window: int, sinks: int) -> None:
+    """Every layer's budget leaves room for an eviction (the uniform budget's own rules, per layer)."""
+    for layer, b in enumerate(per_layer):
+        if b <= interval or b < sinks + window:
+            raise ValueError(f"cache.layer_budgets: layer {layer} gets B={b}, which must exceed the interval L={interval} "
+                             f"and be at least sinks + window = {sinks} + {window}: raise the budget or flatten the weights")
+
+
+def ragged_drop(choose, scores: torch.Tensor, evictable: torch.Tensor, n_evict: int, extra: list[int]) -> torch.Tensor:
+    """[nl, b, h, n] bool: the slots each layer gives up, ``n_evict + extra[l]`` per row of layer ``l``, chosen by
+    ``choose(scores, evictable, k)`` (the cache's selection) once per distinct count."""
+    nl, n = scores.shape[0], scores.shape[-1]
+    drop = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device)
+    for e in sorted(set(extra)):
+        layers = torch.tensor([i for i in range(nl) if extra[i] == e], device=scores.device)
+        chosen = choose(scores.index_select(0, layers), evictable.index_select(0, layers), n_evict + e)
+        part = torch.zeros((len(layers), *scores.shape[1:-1], n), dtype=torch.bool, device=scores.device)
+        drop.index_copy_(0, layers, part.scatter_(-1, chosen, True))
+    return drop
+
+
+def split_drop(drop: torch.Tensor, n_evict: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``n_evict`` dropped slots of each row (in slot order) are evicted, the rest become holes:
+    (the kept slots' order [..., n - n_evict] for the gather, the hole mask [..., n])."""
+    removed = drop & (drop.cumsum(-1) <= n_evict)
+    n = drop.shape[-1]
+    order = torch.sort(removed, dim=-1, stable=True).indices[..., :n - n_evict]
+    return order, drop & ~removed

@@ -1,0 +1,185 @@
+"""Per-layer budgets (``cache.layer_budgets``, foresight.layer_budgets): layers get unequal shares of the budget, the
+mean staying B. Checked against an independent reference — dense attention in which each layer's queries see exactly
+the keys StreamingLLM keeps at that layer's budget — and by the slots' contents after each eviction."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from conftest import tiny_llama, tiny_qwen3
+from foresight.attention import use_foresight_attention
+from foresight.cache import BoundedCache
+from foresight.config import EvictionSettings, load_recipe
+from foresight.eval_resume import eval_identity
+from foresight.evaluate import run_eval
+from foresight.generate import generate
+from foresight.layer_budgets import HOLE, budgets, check, parse, weights
+from foresight.policies import make_policy
+from foresight.rollout import rollout, shared_prefix
+from foresight.static_step import StaticDecoder
+
+L = 4
+SETTINGS = EvictionSettings(budget=12, interval=L)
+
+
+def test_weights_become_budgets_that_keep_the_mean():
+    assert budgets(["15-24:2"], 128, 30) == [96] * 15 + [192] * 10 + [96] * 5  # session 37's allocation
+    assert budgets(["*:0.5", "3:1"], 10, 4) == [8, 8, 8, 16]
+    b = budgets(["0:1.3", "1-2:0.7"], 13, 5)  # largest remainders: the sum is exactly nl * B
+    assert b == [18, 10, 9, 14, 14] and sum(b) == 5 * 13  # 17.98, 9.68, 9.68, 13.83, 13.83 (ties: lower layer)
+    assert weights([], 3) == [1.0, 1.0, 1.0] and parse(["2-4:1.5"]) == [("2-4", 1.5)]
+
+
+@pytest.mark.parametrize("bad,words", [(["18"], "LAYERS:WEIGHT"), (["a-b:2"], "LAYERS:WEIGHT"), (["3-1:2"], "LAYERS:WEIGHT"),
+                                       (["1:0"], "positive weight"), (["1:nan"], "positive weight"),
+                                       (["*:1", "*:2"], "listed twice")])
+def test_malformed_entries_are_refused_by_name(bad, words):
+    with pytest.raises(ValueError, match=words):
+        SETTINGS.replace(layer_budgets=bad).validate()
+
+
+def test_layers_the_model_lacks_or_budgets_without_room_are_refused(qwen3):
+    with pytest.raises(ValueError, match="layer 2 .* is not a layer of this model"):
+        BoundedCache(qwen3.config, make_policy("tova"), SETTINGS.replace(layer_budgets=["2:2"]))
+    with pytest.raises(ValueError, match="layer 1 is listed twice"):
+        weights(["0-1:2", "1:3"], 2)
+    with pytest.raises(ValueError, match="layer 0 gets B=4, which must exceed the interval"):
+        BoundedCache(qwen3.config, make_policy("tova"), SETTINGS.replace(layer_budgets=["1:5"]))  # 4 and 20
+    with pytest.raises(ValueError, match="at least sinks \\+ window"):
+        check([10, 30], 4, 4, sinks=8)
+
+
+def _window_reference(model, ids, per_layer: list[int], capacity_budget: int):
+    """Token losses [b, S] (the first 0, as a rollout's) of dense attention in which layer l's query t sees what
+    StreamingLLM (no sinks) keeps at budget B_l: every key up to the first eviction point (``capacity_budget + L``),
+    then the newest ``B_l`` keys before the last eviction point and the newer ones."""
+    S = ids.shape[1]
+    first = capacity_budget + L
+    t = torch.arange(S)
+    last_evict = torch.where(t >= first, first + (t - first) // L * L, torch.zeros_like(t))
+
+    def attend(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        lo = torch.where(t >= first, last_evict - per_layer[module.layer_idx], torch.zeros_like(t))
+        j = torch.arange(S)
+        vis = (j[None, :] <= t[:, None]) & (j[None, :] >= lo[:, None])
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=vis, scale=scaling,
+                                                               enable_gqa=True)
+        return out.transpose(1, 2).contiguous(), None
+
+    AttentionInterface.register("layer_window_reference", attend)
+    AttentionMaskInterface.register("layer_window_reference", sdpa_mask)
+    model.set_attn_implementation("layer_window_reference")
+    try:
+        with torch.no_grad():
+            logits = model(ids).logits.float()
+    finally:
+        use_foresight_attention(model)
+    nll = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
+    return torch.cat([torch.zeros(ids.shape[0], 1), nll], 1)
+
+
+@pytest.mark.parametrize("make", [tiny_qwen3, tiny_llama])
+def test_each_layer_sees_what_its_budget_keeps(make):
+    model = make()
+    ids = torch.randint(8, 170, (2, 70), generator=torch.Generator().manual_seed(0))
+    settings = SETTINGS.replace(layer_budgets=["0:1", "1:2"])  # B=12: layer 0 holds 8, layer 1 16
+    assert budgets(settings.layer_budgets, 12, 2) == [8, 16]
+    got = rollout(model, ids, make_policy("streamingllm"), settings)
+    ref = _window_reference(model, ids, [8, 16], 16)
+    assert torch.allclose(got.token_loss, ref, atol=1e-4), (got.token_loss - ref).abs().max()
+    uniform = rollout(model, ids, make_policy("streamingllm"), SETTINGS)  # the reference's own check: uniform B
+    assert torch.allclose(uniform.token_loss, _window_reference(model, ids, [12, 12], 12), atol=1e-4)
+    assert (got.token_loss - uniform.token_loss).abs().max() > 1e-3
+
+
+def test_after_each_eviction_layer_l_holds_its_budget_and_its_holes(qwen3):
+    ids = torch.randint(8, 170, (3, 60), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    mask[1, :5] = False  # a left-padded row: padding still goes first, holes stay
+    seen = []
+
+    class Spy(type(make_policy("tova"))):
+        def score(self, view):
+            seen.append(view.token.clone())
+            return super().score(view)
+
+    settings = SETTINGS.replace(layer_budgets=["1:2"])
+    out = rollout(qwen3, ids, Spy(), settings, attention_mask=mask)
+    assert len(seen) > 5
+    for tok in seen[2:]:  # the states before every later eviction: 16 + 4 slots, layer 0 with 8 holes
+        assert tok.shape[-1] == 20
+        holes = (tok == HOLE).sum(-1)
+        assert (holes[0] == 8).all() and (holes[1] == 0).all()
+        assert (tok == -1).sum() == 0  # the padded row's padding went first (its last in the second eviction)
+        real = (tok >= 0).sum(-1)
+        assert (real[0] == 8 + L).all() and (real[1] == 16 + L).all()
+    # memory: after the first eviction 12 pairs on average (+ up to L), not the rectangle's 16
+    assert out.mean_held < rollout(qwen3, ids, make_policy("tova"), SETTINGS.replace(budget=16),
+                                   attention_mask=mask).mean_held
+
+
+def test_decoding_with_layer_budgets_and_the_cache_memory(qwen3):
+    ids = torch.randint(8, 170, (2, 10), generator=torch.Generator().manual_seed(2))
+    settings = SETTINGS.replace(layer_budgets=["0:3"])  # 18 and 6
+    out = generate(qwen3, ids, max_new_tokens=50, policy=make_policy("h2o"), settings=settings)
+    cache = out.cache
+    assert cache.steps > 5 and cache.holes_made
+    assert cache.mean_held() == pytest.approx(cache.n - 12 / 2)  # layer 1's 12 holes, spread over 2 layers
+    real = (cache.token[:, :, :, :cache.n] >= 0).sum(-1)
+    assert (real[0] == cache.n).all() and (real[1] == cache.n - 12).all()
+    with pytest.raises(ValueError, match="layer_budgets is not supported"):
+        StaticDecoder(qwen3, cache)
+
+
+def test_a_shared_prefix_fork_and_whole_heads_combine(qwen3):
+    ids = torch.randint(8, 170, (2, 50), generator=torch.Generator().manual_seed(3))
+    settings = SETTINGS.replace(layer_budgets=["1:2"], whole_heads=["0:1"])
+    a = rollout(qwen3, ids, make_policy("h2o"), settings)
+    b = rollout(qwen3, ids, make_policy("h2o"), settings, prefix=shared_prefix(qwen3, ids, settings))
+    assert torch.equal(a.token_loss, b.token_loss) and a.mean_held == b.mean_held
+    assert a.mean_held > rollout(qwen3, ids, make_policy("h2o"), SETTINGS.replace(layer_budgets=["1:2"])).mean_held
+
+
+def test_recording_is_refused_and_equal_weights_are_the_uniform_cache(qwen3):
+    with pytest.raises(ValueError, match="set eval.recall=false"):
+        BoundedCache(qwen3.config, make_policy("tova"), SETTINGS.replace(layer_budgets=["1:2"]), recorder=print)
+    flat = BoundedCache(qwen3.config, make_policy("tova"), SETTINGS.replace(layer_budgets=["*:3"]), recorder=print)
+    assert flat.layer_budget is None and flat.capacity == 16
+    ids = torch.randint(8, 170, (2, 40))
+    assert torch.equal(rollout(qwen3, ids, make_policy("tova"), SETTINGS.replace(layer_budgets=["0-1:2"])).token_loss,
+                       rollout(qwen3, ids, make_policy("tova"), SETTINGS).token_loss)
+
+
+def test_settings_keys_and_eval_identity_are_unchanged_without_layer_budgets():
+    import dataclasses
+
+    plain = EvictionSettings(budget=64, interval=16)
+    assert plain.key() == dataclasses.astuple(plain)[:-2]
+    assert plain.replace(layer_budgets=["1:2"]).key() != plain.key()
+    assert plain.replace(whole_heads=["1:0"]).key() == (*dataclasses.astuple(plain)[:-2], ("1:0",))
+    recipe = load_recipe(None, ["cache.layer_budgets=15-24:2,*:1"])
+    assert recipe.cache.layer_budgets == ["15-24:2", "*:1"]
+    assert eval_identity(recipe)["cache"]["layer_budgets"] == ["15-24:2", "*:1"]
+    assert "layer_budgets" not in eval_identity(load_recipe(None))["cache"]
+
+
+def test_eval_gives_every_method_the_recipe_s_layer_budgets(tiny_model_dir, tmp_path):
+    cfg = json.loads((Path(tiny_model_dir) / "config.json").read_text())
+    last = cfg["num_hidden_layers"] - 1
+    from test_evaluate import SETS
+
+    sets = [f"model.path={tiny_model_dir}", "eval.recall=false", *SETS]
+    kw = dict(methods="full,golden,tova", budgets="12:4", progress=False, log=lambda *_: None)
+    uniform = run_eval(load_recipe("recipes/tiny-qwen3.yaml", sets), tmp_path / "uniform", **kw)
+    layered = run_eval(load_recipe("recipes/tiny-qwen3.yaml", [*sets, f"cache.layer_budgets={last}:2"]),
+                       tmp_path / "layered", **kw)
+    for u, w in zip(uniform[1:], layered[1:]):
+        assert u["method"] == w["method"] and u["loss_ratio"] != w["loss_ratio"]
+        assert w["mean_cache"] <= u["mean_cache"] + 12  # the same mean budget (the rectangle's larger first block aside)
+    with pytest.raises(ValueError, match="eval.recall=false"):
+        run_eval(load_recipe("recipes/tiny-qwen3.yaml", [*sets[:1], *SETS, f"cache.layer_budgets={last}:2"]),
+                 tmp_path / "r", **kw)
