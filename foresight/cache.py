@@ -263,9 +263,6 @@ class BoundedCache(Cache):
         if self.whole_heads:
             raise ValueError("cache.whole_heads: recorded chunks (model.step=graph) are not supported with whole heads "
                              "(their store grows); use model.step=eager")
-        if self.layer_budget is not None:
-            raise ValueError("cache.layer_budgets: recorded chunks (model.step=graph) are not supported with per-layer "
-                             "budgets; use model.step=eager")
         cache_chunks.plan(self, q, tok_out, valid_out)
         self.prepared = True
 

@@ -58,8 +58,6 @@ class StaticStep:
         if cache.whole_heads:
             raise ValueError("static decoding step: cache.whole_heads is not supported (the whole heads' store grows); "
                              "decode with step='eager'")
-        if cache.layer_budget is not None:
-            raise ValueError("static decoding step: cache.layer_budgets is not supported; decode with step='eager'")
         if getattr(cache.policy, "observe", None) is not None:
             raise ValueError(f"static decoding step: policy {getattr(cache.policy, 'name', cache.policy)!r} observes "
                              "every new pair on the host (Policy.observe), which a recorded step cannot do; decode "

@@ -16,11 +16,10 @@ from foresight.cache import BoundedCache
 from foresight.config import EvictionSettings, load_recipe
 from foresight.eval_resume import eval_identity
 from foresight.evaluate import run_eval
-from foresight.generate import generate
+from foresight.generate import Decoding, generate
 from foresight.layer_budgets import HOLE, budgets, check, parse, weights
 from foresight.policies import make_policy
 from foresight.rollout import rollout, shared_prefix
-from foresight.static_step import StaticDecoder
 
 L = 4
 SETTINGS = EvictionSettings(budget=12, interval=L)
@@ -131,8 +130,21 @@ def test_decoding_with_layer_budgets_and_the_cache_memory(qwen3):
     assert cache.mean_held() == pytest.approx(cache.n - 12 / 2)  # layer 1's 12 holes, spread over 2 layers
     real = (cache.token[:, :, :, :cache.n] >= 0).sum(-1)
     assert (real[0] == cache.n).all() and (real[1] == cache.n - 12).all()
-    with pytest.raises(ValueError, match="layer_budgets is not supported"):
-        StaticDecoder(qwen3, cache)
+
+
+@pytest.mark.parametrize("step", ["static", "graph"])
+def test_the_static_and_recorded_steps_decode_like_the_eager_one(qwen3, step):
+    ids = torch.randint(3, 50, (3, 37), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0
+    settings = EvictionSettings(budget=24, interval=8, layer_budgets=["1:2"])  # 16 and 32
+    runs = [generate(qwen3, ids, mask, max_new_tokens=50, policy=make_policy("h2o"), settings=settings,
+                     decoding=Decoding(do_sample=True, top_k=20), generator=torch.Generator().manual_seed(0), step=s)
+            for s in ("eager", step)]
+    assert torch.equal(runs[1].new_tokens, runs[0].new_tokens)
+    assert torch.allclose(runs[1].logprobs, runs[0].logprobs, atol=1e-5, rtol=0)
+    assert torch.equal(runs[1].cache.token, runs[0].cache.token)  # holes included
+    assert runs[1].cache.steps == runs[0].cache.steps > 4 and runs[1].peak_slots == 32 + 8
 
 
 def test_a_shared_prefix_fork_and_whole_heads_combine(qwen3):

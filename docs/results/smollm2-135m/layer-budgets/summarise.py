@@ -1,0 +1,65 @@
+"""Paired comparisons of this folder's four evaluations on the same 48 held-out references: uniform budgets
+(``uniform/``), layers 15–24 at twice the others' share (``layers/``, mean budget B), layer 18's KV head 2 whole at B'
+(``whole/``) and both (``layers-whole/``).
+
+    python docs/results/smollm2-135m/layer-budgets/summarise.py
+"""
+
+import json
+from pathlib import Path
+
+from foresight.report import paired_ratio_diff_ci
+
+HERE = Path(__file__).parent
+runs = {name: json.loads((HERE / name / "results.json").read_text())
+        for name in ("uniform", "layers", "whole", "layers-whole")}
+MATCH = {114: 128, 242: 256}  # B' with the whole head: the memory of the uniform B at the end of the longest reference
+SCORER = "foresight-sft"
+
+
+def row(run, method, budget):
+    return next((r for r in runs[run] if r["method"] == method and r["budget"] == budget), None)
+
+
+def diff(a, b):
+    """loss ratio of b − a on the same traces, with its paired 95% interval."""
+    return f"{b['loss_ratio'] - a['loss_ratio']:+.4f} {paired_ratio_diff_ci(b['per_trace'], a['per_trace'])}"
+
+
+def cell(r):
+    return f"{r['loss_ratio']:.4f} {r['loss_ratio_ci']} · {r['mean_cache']}"
+
+
+print("| method | B | uniform: loss ratio [95% CI] · mean cache | layers 15–24 ×2 | layers − uniform, paired |")
+print("|---|---|---|---|---|")
+for B in (128, 256):
+    for r in sorted((r for r in runs["layers"] if r["budget"] == B and r["method"] != "full"), key=lambda r: r["loss_ratio"]):
+        u = row("uniform", r["method"], B)
+        print(f"| {r['method']} | {B} | {cell(u)} | {cell(r)} | {diff(u, r)} |")
+print()
+print("| method | B' (uniform B) | whole 18:2 | layers ×2 + whole 18:2 | − uniform B, paired | − whole alone, paired |")
+print("|---|---|---|---|---|---|")
+for B, U in MATCH.items():
+    for r in sorted((r for r in runs["layers-whole"] if r["budget"] == B and r["method"] != "full"),
+                    key=lambda r: r["loss_ratio"]):
+        w, u = row("whole", r["method"], B), row("uniform", r["method"], U)
+        print(f"| {r['method']} | {B} ({U}) | {cell(w) if w else '—'} | {cell(r)} | {diff(u, r)} | "
+              f"{diff(w, r) if w else '—'} |")
+print()
+print("| allocation | B | the scorer − method (both with the allocation), paired |")
+print("|---|---|---|")
+for run, budgets in (("layers", (128, 256)), ("layers-whole", tuple(MATCH))):
+    for B in budgets:
+        s = row(run, SCORER, B)
+        for r in sorted((r for r in runs[run] if r["budget"] == B and r["method"] not in ("full", SCORER)),
+                        key=lambda r: r["loss_ratio"]):
+            print(f"| {run} | {B} | − {r['method']}: {diff(r, s)} |")
+print()
+for run, pairs in (("uniform", ((128, 256), (256, 512))), ("layers", ((128, 256), (256, 512))),
+                   ("whole", ((114, 256), (242, 512))), ("layers-whole", ((114, 256), (242, 512)))):
+    for B, B2 in pairs:
+        s = row(run, SCORER, B)
+        best = min((r for r in runs["uniform"] if r["budget"] == B2 and r["method"] not in ("full", SCORER)),
+                   key=lambda r: r["loss_ratio"])
+        print(f"2B headline, {run} at B={B}: scorer {s['loss_ratio']:.4f} (mean cache {s['mean_cache']}) against the "
+              f"best heuristic at uniform {B2}, {best['method']} {best['loss_ratio']:.4f}: {diff(best, s)}")
