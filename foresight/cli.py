@@ -62,14 +62,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="evaluate on this traces folder's validation traces (its last sft.val_traces) instead of the "
                         "held-out references: for choosing settings without the test set (eval.traces)")
 
-    p = sub.add_parser("heads", help="find the KV heads to keep whole (cache.whole_heads) for a method, on validation "
-                                     "traces")
+    p = sub.add_parser("heads", help="find the KV heads to keep whole (cache.whole_heads) and the layers' shares of the "
+                                     "budget (cache.layer_budgets) for a method, on validation traces")
     _common(p)
     p.add_argument("--traces", type=Path, required=True, help="a traces folder: its validation traces are measured")
     p.add_argument("--method", default=None, help="a heuristic's name (or give --scorers)")
     p.add_argument("--scorers", type=Path, action="append", default=[], help="a scorer checkpoint")
     p.add_argument("--budgets", default="128:32", help="one B:L (default 128:32)")
     p.add_argument("--max-heads", type=int, default=3, help="at most this many heads recommended")
+    p.add_argument("--shares", default="1.5,2,3",
+                   help="weights tried for the best layer groups against the others' 1 (default 1.5,2,3; '' for none)")
 
     p = sub.add_parser("compare", help="paired comparison of two evaluated methods on the same held-out traces")
     p.add_argument("base", type=Path, help="an eval output folder (or its results.json): the baseline")
@@ -150,13 +152,20 @@ def main(argv: list[str] | None = None) -> int:
             from foresight.head_search import HeadSearch, search_heads
 
             search_heads(recipe, args.traces, args.out, args.method, args.scorers, args.budgets,
-                         HeadSearch(max_heads=args.max_heads))
+                         HeadSearch(max_heads=args.max_heads, shares=_floats(args.shares, "--shares")))
             return 0
     except (ValueError, FileNotFoundError, ServerError) as e:
         return _error(f"{args.cmd}: {e}")
     except (PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError) as e:
         return _error(f"{args.cmd}: cannot write {e.filename}: {e.strerror}")
     return 1
+
+
+def _floats(text: str, flag: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"{flag}: {text!r} is not a comma-separated list of numbers") from None
 
 
 if __name__ == "__main__":

@@ -13,8 +13,13 @@ validation traces (never the held-out references): the loss ratio when a set of 
 The heads whose saving's paired 95% interval lies above zero (at most ``max_heads``, best first) are then measured as
 the allocation they ask for: the first k of them whole at the budget that holds the memory of the uniform budget on
 the longest trace (:func:`equal_memory_budget`), k = 1, 2, ...; the set with the largest saving at equal memory whose
-interval lies above zero is recommended (none: no whole head pays for the pairs it takes from the others). Every unit
-is written to ``OUT/heads.json`` when it finishes; a killed search resumes from them.
+interval lies above zero is recommended (none: no whole head pays for the pairs it takes from the others).
+
+The same groups' savings also say where per-layer budgets (:mod:`foresight.layer_budgets`) should move memory: the
+``top_groups`` groups get ``w`` times the other layers' share (``shares``, e.g. 1.5, 2, 3; the mean budget stays B,
+so the memory is the uniform budget's), and the best separated share is measured once more with the recommended whole
+heads at their budget. The recommendation is the allocation with the largest separated saving of the three kinds.
+Every unit is written to ``OUT/heads.json`` when it finishes; a killed search resumes from them.
 
     foresight heads --recipe recipes/smollm2-135m-realbench.yaml --traces runs/rb/traces \\
         --scorers docs/results/smollm2-135m/scorers/sft-w256-gap --budgets 128:32 --out runs/heads
@@ -30,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from foresight import atomic
+from foresight import atomic, layer_budgets
 from foresight.checkpoint import read_config
 from foresight.locks import locks_output
 from foresight.methods import build_methods, check_names
@@ -44,17 +49,22 @@ from foresight.validation import parse_budgets
 
 @dataclasses.dataclass(frozen=True)
 class HeadSearch:
-    """The search's shape: layers per group, how many groups and layers are refined, how many heads recommended."""
+    """The search's shape: layers per group, how many groups and layers are refined, how many heads recommended, and
+    the shares of the budget tried for the best groups' layers (per-layer budgets)."""
 
     group: int = 5
     top_groups: int = 2
     top_layers: int = 3
     max_heads: int = 3
+    shares: tuple[float, ...] = (1.5, 2.0, 3.0)
 
     def validate(self) -> None:
         for name in ("group", "top_groups", "top_layers", "max_heads"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"heads: {name} must be > 0, got {getattr(self, name)}")
+        if any(not w > 1 for w in self.shares):
+            raise ValueError(f"heads: every share must be > 1 (the best groups' weight against the others' 1), got "
+                             f"{list(self.shares)}")
 
 
 def equal_memory_budget(budget: int, interval: int, heads: int, total_heads: int, longest: int) -> int:
@@ -74,9 +84,9 @@ class _Runner:
         self.model, self.method, self.settings = model, method, settings
         self.batches = [make_batch(refs, m, pad_id) for m in trace_batches(refs, batch_size, False)]
 
-    def sums(self, heads: list[tuple[int, int]], budget: int | None = None) -> dict:
+    def sums(self, heads: list[tuple[int, int]], budget: int | None = None, shares: list[str] = ()) -> dict:
         st = self.settings.replace(whole_heads=[f"{layer}:{h}" for layer, h in heads],
-                                   budget=budget or self.settings.budget)
+                                   budget=budget or self.settings.budget, layer_budgets=list(shares))
         evicted, full, traces = [], [], []
         for batch in self.batches:
             res = rollout(self.model, batch["ids"], self.method.make_policy(), st, prompt_len=batch["prompt_lens"][0],
@@ -138,13 +148,14 @@ def search_heads(recipe, traces_dir, out, method: str | None = None, scorers=(),
     result = saved if saved and saved.get("identity") == identity else {"identity": identity, "units": {}}
     runner = _Runner(model, refs, meth, settings, tok.pad_token_id, recipe.eval.batch_size)
 
-    def measure(heads: list[tuple[int, int]], level: str, at: int = B) -> dict:
-        name = (_unit_name(heads) or "none") + ("" if at == B else f"@B={at}")
+    def measure(heads: list[tuple[int, int]], level: str, at: int = B, shares: list[str] = ()) -> dict:
+        name = (_unit_name(heads) or ("none" if not shares else "")) + ("" if at == B else f"@B={at}")
+        name += f" layers {','.join(shares)}" if shares else ""
         if name not in result["units"]:
             t0 = time.time()
-            sums = runner.sums(heads, at)
-            row = {"level": level, "heads": [list(h) for h in heads], "budget": at, **sums}
-            if heads:
+            sums = runner.sums(heads, at, shares)
+            row = {"level": level, "heads": [list(h) for h in heads], "budget": at, "layer_budgets": list(shares), **sums}
+            if heads or shares:
                 row.update(_saving(result["units"]["none"], sums, recipe.eval.seed))
             result["units"][name] = row
             atomic.write_json(path, result, indent=1)
@@ -178,16 +189,36 @@ def search_heads(recipe, traces_dir, out, method: str | None = None, scorers=(),
     best = max(paying, key=lambda o: o[2]["saving"], default=None)
     result["equal_memory"] = [{"whole_heads": [_unit_name([hd]) for hd in hs], "budget": at,
                                **{k: row[k] for k in ("loss_ratio", "saving", "saving_ci")}} for hs, at, row in options]
-    result["recommended"] = {"whole_heads": [_unit_name([hd]) for hd in best[0]] if best else [],
-                             "budget": best[1] if best else B, "saving": best[2]["saving"] if best else 0.0,
-                             "saving_ci": best[2]["saving_ci"] if best else None, "longest_trace": longest}
-    result["search"] = dataclasses.asdict(search)
+    # per-layer budgets: the best groups' layers at w times the others' share, the mean budget (the memory) unchanged
+    candidates = [(hs, at, row, []) for hs, at, row in paying]
+    top = by_group[:search.top_groups]
+    for w in search.shares if sum(len(g) for g in top) < nl else ():  # the best groups hold every layer: nothing moves
+        shares = [f"{g[0]}{f'-{g[-1]}' if len(g) > 1 else ''}:{w:g}" for g in top]
+        try:
+            layer_budgets.check(layer_budgets.budgets(shares, B, nl), L, settings.window or L, settings.sinks)
+        except ValueError:
+            break  # the other layers' share leaves no room for an eviction: larger shares would not either
+        row = measure([], "layer shares", B, shares)
+        result.setdefault("layer_shares", {})[",".join(shares)] = {k: row[k] for k in ("loss_ratio", "saving", "saving_ci")}
+        if _separated(row):
+            candidates.append(([], B, row, shares))
+    best_shares = max((c for c in candidates if c[3]), key=lambda c: c[2]["saving"], default=None)
+    if best and best_shares:  # both kinds: the whole heads at their budget, the shares on top
+        row = measure(best[0], "heads and shares", best[1], best_shares[3])
+        if _separated(row):
+            candidates.append((best[0], best[1], row, best_shares[3]))
+    choice = max(candidates, key=lambda c: c[2]["saving"], default=None)
+    result["recommended"] = {"whole_heads": [_unit_name([hd]) for hd in choice[0]] if choice else [],
+                             "layer_budgets": choice[3] if choice else [],
+                             "budget": choice[1] if choice else B, "saving": choice[2]["saving"] if choice else 0.0,
+                             "saving_ci": choice[2]["saving_ci"] if choice else None, "longest_trace": longest}
+    result["search"] = dataclasses.asdict(search) | {"shares": list(search.shares)}  # as it reads back
     atomic.write_json(path, result, indent=1)
     rec = result["recommended"]
-    if best:
-        log(f"[heads] recommended: --set cache.whole_heads={','.join(rec['whole_heads'])} at B={rec['budget']} (the "
-            f"memory of B={B} on a {longest}-token trace) lowers the loss ratio by {rec['saving']:.4f} "
-            f"{rec['saving_ci']} on the validation traces")
+    if choice:
+        sets = " ".join(f"--set cache.{k}={','.join(rec[k])}" for k in ("whole_heads", "layer_budgets") if rec[k])
+        log(f"[heads] recommended: {sets} at B={rec['budget']} (the memory of B={B} on a {longest}-token trace) lowers "
+            f"the loss ratio by {rec['saving']:.4f} {rec['saving_ci']} on the validation traces")
     else:
-        log(f"[heads] no whole head pays for its memory at B={B}: keep the uniform budget")
+        log(f"[heads] neither a whole head nor a layer share pays for its memory at B={B}: keep the uniform budget")
     return result

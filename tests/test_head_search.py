@@ -56,7 +56,7 @@ def test_a_recommendation_is_measured_at_equal_memory_and_must_pay_for_it(tmp_pa
     recipe = load_recipe("recipes/tiny-qwen3.yaml", [*SETS, "task.facts=16", "task.variables=4",
                                                      "traces.min_new_tokens=0", "traces.max_new_tokens=60"])
     traces.make_traces(recipe, tmp_path / "tr", progress=False, log=lambda *_: None)
-    search = HeadSearch(group=2, top_groups=1, top_layers=2, max_heads=2)
+    search = HeadSearch(group=1, top_groups=1, top_layers=2, max_heads=2)  # the teacher's 2 layers: one group each
     res = search_heads(recipe, tmp_path / "tr", tmp_path / "heads", method="tova", budget="48:4", search=search,
                        log=lambda *_: None)
     longest = res["recommended"]["longest_trace"]
@@ -66,13 +66,21 @@ def test_a_recommendation_is_measured_at_equal_memory_and_must_pay_for_it(tmp_pa
     for k, option in enumerate(res["equal_memory"], 1):
         assert option["whole_heads"] == helpful[:k]
         assert option["budget"] == equal_memory_budget(48, 4, k, 4, longest) < 48
+    # the best group's layers at 1.5, 2 and 3 times the others' share, at B itself (the mean budget stays 48)
+    groups = [u for u in res["units"].values() if u["level"] == "group"]
+    top = max(groups, key=lambda u: u["saving"])["heads"]
+    layer = top[0][0]
+    shares = [u for u in res["units"].values() if u["level"] == "layer shares"]
+    assert [u["layer_budgets"] for u in shares] == [[f"{layer}:{w}"] for w in ("1.5", "2", "3")]
+    assert all(u["budget"] == 48 and u["heads"] == [] for u in shares)
+    # the recommendation: the largest separated saving of every kind measured
+    options = [(o["saving"], o["whole_heads"], o["budget"], []) for o in res["equal_memory"] if o["saving_ci"][0] > 0]
+    options += [(u["saving"], [f"{a}:{b}" for a, b in u["heads"]], u["budget"], u["layer_budgets"])
+                for u in res["units"].values() if u["level"] in ("layer shares", "heads and shares")
+                and u["saving_ci"][0] > 0]
     rec = res["recommended"]
-    paying = [o for o in res["equal_memory"] if o["saving_ci"][0] > 0]
-    if paying:
-        best = max(paying, key=lambda o: o["saving"])
-        assert rec["whole_heads"] == best["whole_heads"] and rec["budget"] == best["budget"]
-    else:
-        assert rec["whole_heads"] == [] and rec["budget"] == 48
+    got = (rec["saving"], rec["whole_heads"], rec["budget"], rec["layer_budgets"])
+    assert got == (max(options, key=lambda o: o[0]) if options else (0.0, [], 48, []))
 
 
 def test_equal_memory_budget_counts_the_whole_heads_pairs():
@@ -91,3 +99,8 @@ def test_bad_requests_are_refused(folder, capsys):
     code = main(["heads", "--traces", str(tmp / "tr"), "--method", "tova", "--max-heads", "0", "--out", str(tmp / "h4"),
                  "--set", f"model.path={recipe.model.path}"])
     assert code == 2 and "max_heads must be > 0" in capsys.readouterr().err
+    code = main(["heads", "--traces", str(tmp / "tr"), "--method", "tova", "--shares", "2,x", "--out", str(tmp / "h5"),
+                 "--set", f"model.path={recipe.model.path}"])
+    assert code == 2 and "--shares: '2,x' is not a comma-separated list" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="every share must be > 1"):
+        HeadSearch(shares=(0.5,)).validate()
