@@ -12,7 +12,8 @@ job: each chunk's plan (:mod:`foresight.cache_chunks`), the attention of its que
 and the eviction step (:mod:`foresight.eviction`).
 
 Eviction: when an update would overflow the capacity, ``L`` pairs per (layer, sequence, KV head) are dropped (more
-after one oversized chunk) so that ``B`` remain besides the protected prompt. Protected: the newest ``window``
+after one oversized chunk) so that ``B`` remain besides the protected prompt (each layer its own ``B_l`` with
+``cache.layer_budgets``: :mod:`foresight.layer_budgets`). Protected: the newest ``window``
 tokens (default ``interval``, the paper's scheme; KVpop brings its own), the first ``sinks`` real tokens and, with
 ``protect_prompt``, the prompt. A :class:`~foresight.policies.base.Policy` scores the candidates of all layers in one
 call (higher = evict first); :mod:`foresight.selection` picks the slots (top-L or the Top-2L sampler); padding goes
@@ -66,7 +67,7 @@ class BoundedCache(Cache):
         whole_heads.check_shape(self.whole_heads, self.num_layers, self.kv_heads)
         self.whole: whole_heads.WholeHeads | None = None  # every pair of the whole heads, from the first eviction
         self.layer_budget = self._layer_budgets(settings, recorder)  # None: every layer holds B
-        self.holes_made = False  # the first eviction made the layers' holes (foresight.layer_budgets)
+        self.holes = [0] * self.num_layers  # per layer, slots below n that hold no pair (foresight.layer_budgets)
         accumulations(getattr(policy, "reads", None))  # an unknown statistic fails here, not mid-rollout
         super().__init__(layers=[LayerHandle(self, i) for i in range(self.num_layers)])
         self.n = 0  # slots in use (same for every row, layer and head)
@@ -130,25 +131,33 @@ class BoundedCache(Cache):
         return self.prompt_len if (self.settings.protect_prompt and self.prompt_len) else 0
 
     @property
-    def max_budget(self) -> int:
-        """The largest layer's budget (B unless ``cache.layer_budgets``): the slots' rectangle holds it."""
-        return self.settings.budget if self.layer_budget is None else max(self.layer_budget)
+    def min_budget(self) -> int:
+        """The smallest layer's budget (B unless ``cache.layer_budgets``): evictions follow its schedule."""
+        return self.settings.budget if self.layer_budget is None else min(self.layer_budget)
 
     @property
     def capacity(self) -> int:
+        """Pairs the smallest layer holds before an eviction (the eviction schedule's; ``slot_capacity``: storage)."""
         if self.full:
             return 0
-        return self.protected_prefix + self.max_budget + self.settings.interval
+        return self.protected_prefix + self.min_budget + self.settings.interval
 
     @property
     def target(self) -> int:
-        return self.protected_prefix + self.max_budget
+        """Pairs the smallest layer holds after an eviction."""
+        return self.protected_prefix + self.min_budget
 
-    def pending_holes(self) -> list[int] | None:
-        """Per layer, the holes the next eviction makes (``max B - B_l``, at the first eviction only), or None."""
-        if self.layer_budget is None or self.holes_made:
-            return None
-        return [self.max_budget - b for b in self.layer_budget]
+    @property
+    def slot_capacity(self) -> int:
+        """Slots of storage: the largest layer's budget + L (the capacity without per-layer budgets)."""
+        if self.layer_budget is None:
+            return self.capacity
+        return self.protected_prefix + max(self.layer_budget) + self.settings.interval
+
+    @property
+    def scheduled(self) -> int:
+        """The smallest layer's pairs (slots in use less its holes): what the eviction schedule counts."""
+        return self.n if self.layer_budget is None else self.n - self.holes[self.layer_budget.index(self.min_budget)]
 
     def next_chunk(self, remaining: int) -> int:
         """Largest chunk the drivers may feed next: ends at the next eviction point or block start."""
@@ -165,7 +174,7 @@ class BoundedCache(Cache):
                                  f"B={st.budget}; raise the budget or set cache.prompt_overflow=evict to evict inside "
                                  "the prompt")
             self.settings = st.replace(protect_prompt=False)  # prompt_overflow=evict: the prompt is evicted as usual
-        cap = max(self.capacity, key_states.shape[-2], 1) if not self.full else max(key_states.shape[-2], 64)
+        cap = max(self.slot_capacity, key_states.shape[-2], 1) if not self.full else max(key_states.shape[-2], 64)
         nl, h, d = self.num_layers, self.kv_heads, self.head_dim
         self.slots = SlotStore(nl, b, h, d, cap, dev, dt)
         W = features.QUERY_WINDOW  # decoding queries wait at most until the next eviction
@@ -333,9 +342,7 @@ class BoundedCache(Cache):
         """Pairs held per (sequence, layer, KV head) on average over the heads: the slots in use less the layers'
         holes (``cache.layer_budgets``), the whole heads' store included (their slots' copies count too: it is the
         memory held)."""
-        held = float(self.n)
-        if self.holes_made:
-            held -= (self.max_budget * self.num_layers - sum(self.layer_budget)) / self.num_layers
+        held = self.n - sum(self.holes) / self.num_layers
         if self.whole is not None:
             held += self.whole.pairs() * len(self.whole_heads) / (self.num_layers * self.kv_heads)
         return held

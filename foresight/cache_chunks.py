@@ -25,11 +25,12 @@ def next_chunk(cache, remaining: int) -> int:
     """Largest chunk the drivers may feed next: ends at the next eviction point or block start."""
     if cache.full:
         return remaining
-    room = cache.capacity - cache.n
+    held = cache.scheduled  # the smallest layer's pairs (the slots in use without per-layer budgets)
+    room = cache.capacity - held
     if room <= 0:  # an eviction happens first
         room = cache.capacity - cache.target
     stop = room
-    block_start = cache.target - cache.n  # tokens until the block before the first eviction starts
+    block_start = cache.target - held  # tokens until the block before the first eviction starts
     if 0 < block_start < stop:
         stop = block_start
     return max(1, min(remaining, stop, cache.settings.interval))
@@ -41,8 +42,8 @@ def plan(cache, q: int, tok_out: torch.Tensor | None = None, valid_out: torch.Te
     first_block = not cache.full and cache.steps == 0 and cache.seen <= cache.target < cache.seen + q
     if cache.stats.n_pending and (q > 1 or first_block):
         cache.replay_deferred()  # deferred statistics go in before a chunk's own (query order) or a block reset
-    if not cache.full and cache.n + q > cache.capacity and cache.n > cache.target:
-        cache.evict(cache.n - cache.target)
+    if not cache.full and cache.scheduled + q > cache.capacity and cache.scheduled > cache.target:
+        cache.evict(cache.scheduled - cache.target)
     cache.grow(cache.n + q)
     b, dev = cache.keys.shape[1], cache.keys.device
     valid = cache.pending_valid

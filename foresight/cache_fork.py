@@ -38,9 +38,9 @@ def uses_probabilities(needs: frozenset) -> bool:
 
 
 def schedule(settings: EvictionSettings, prompt_len: int | None) -> tuple:
-    """What decides a bounded cache's chunks up to its first eviction: budget, interval and the protected prompt (the
-    other settings act at evictions only)."""
-    return settings.budget, settings.interval, settings.protected_prefix(prompt_len)
+    """What decides a bounded cache's chunks up to its first eviction: budget, interval, the protected prompt and the
+    layers' shares of the budget (the other settings act at evictions only)."""
+    return settings.budget, settings.interval, settings.protected_prefix(prompt_len), tuple(settings.layer_budgets)
 
 
 def shareable(policy) -> bool:

@@ -58,16 +58,19 @@ def evict(cache, n_evict: int) -> None:
     # without padding the candidates are the same slots at every eviction of the same size: counted once
     check = cache.padded or (n, n_evict) not in cache._checked
     st = cache.settings
-    holes = cache.pending_holes()
-    if holes is None:
+    chosen = None
+    if cache.layer_budget is None:
         chosen = choose(scores, evictable, n_evict, st.selection, st.temperature, cache.generator, check=check)
         order = kept_slots(chosen, n)
-    else:  # per-layer budgets' first eviction: some layers give up more pairs, which become holes
+    else:  # per-layer budgets: each layer drops down to its own budget; slots are freed only above the largest
+        drops = [max(0, n - h - cache.protected_prefix - b) for h, b in zip(cache.holes, cache.layer_budget)]
         drop = layer_budgets.ragged_drop(lambda s, e, k: choose(s, e, k, st.selection, st.temperature, cache.generator),
-                                         scores, evictable, n_evict, holes)
-        order, hole = layer_budgets.split_drop(drop, n_evict)
+                                         scores, evictable, drops)
+        n_evict = max(0, n - cache.slot_capacity + st.interval)  # slots above protected prompt + max B_l
+        order, hole = layer_budgets.free_slots(drop, tok == layer_budgets.HOLE, n_evict)
         tok.masked_fill_(hole, layer_budgets.HOLE)  # the slots' own token indices (a view)
-        cache.padded = cache.holes_made = True  # attention masks come from token indices from now on
+        cache.holes = [h + d - n_evict for h, d in zip(cache.holes, drops)]
+        cache.padded = True  # attention masks come from token indices from now on
     if not cache.padded:
         cache._checked.add((n, n_evict))
     if cache.recorder is not None:

@@ -11,12 +11,15 @@ Settings: ``"LAYERS:WEIGHT"`` strings, ``LAYERS`` one layer (``18``), a range (`
 cache with per-layer budgets holds the memory of the uniform B (``--set cache.layer_budgets=15-24:2`` on a 30-layer
 model at B=128: layers 15–24 hold 192, the others 96).
 
-How (:class:`~foresight.cache.BoundedCache`): the slots stay one rectangular array of ``max_l B_l + L`` (plus the
-protected prompt). At the cache's first eviction, layer ``l`` evicts ``max B − B_l`` more pairs than the others, chosen
-by the policy like every eviction; the extra ones become *holes* (token index :data:`HOLE`): no query sees them, they
-are never candidates and never evicted, so from then on every layer evicts L pairs per step and layer ``l`` holds
-``B_l`` pairs after each eviction. The rectangle wastes ``max B − B_l`` slots per head of layer ``l`` (a paged cache
-would not); the memory the cache reports (``mean_held``) counts the pairs held, not the holes.
+How (:class:`~foresight.cache.BoundedCache`): evictions come every L tokens from the smallest budget's first
+(``min B_l + L`` tokens, plus a protected prompt), and at each one every layer holding more than its ``B_l`` pairs drops
+down to ``B_l`` by the policy's scores (L pairs once it is past its own first eviction), so layer ``l`` never holds
+more than ``B_l + L``. The slots stay one rectangular array of ``max B_l + L``: a dropped pair below that becomes a
+*hole* (token index :data:`HOLE`: no query sees it, it is never a candidate), and slots are freed (holes first, in
+slot order) only above ``max B_l``. From the largest layer's first eviction on, layer ``l`` carries ``max B − B_l``
+holes per head: wasted storage that a paged cache would not allocate. The memory the cache reports (``mean_held``, the
+evaluation's *mean cache*) counts the pairs held, not the holes: at most the uniform B's, equal once every layer has
+evicted.
 """
 
 from __future__ import annotations
@@ -94,23 +97,25 @@ def check(per_layer: list[int], interval: int, window: int, sinks: int) -> None:
                              f"and be at least sinks + window = {sinks} + {window}: raise the budget or flatten the weights")
 
 
-def ragged_drop(choose, scores: torch.Tensor, evictable: torch.Tensor, n_evict: int, extra: list[int]) -> torch.Tensor:
-    """[nl, b, h, n] bool: the slots each layer gives up, ``n_evict + extra[l]`` per row of layer ``l``, chosen by
+def ragged_drop(choose, scores: torch.Tensor, evictable: torch.Tensor, drops: list[int]) -> torch.Tensor:
+    """[nl, b, h, n] bool: the pairs each layer gives up, ``drops[l]`` per row of layer ``l``, chosen by
     ``choose(scores, evictable, k)`` (the cache's selection) once per distinct count."""
     nl, n = scores.shape[0], scores.shape[-1]
     drop = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device)
-    for e in sorted(set(extra)):
-        layers = torch.tensor([i for i in range(nl) if extra[i] == e], device=scores.device)
-        chosen = choose(scores.index_select(0, layers), evictable.index_select(0, layers), n_evict + e)
+    for k in sorted(set(drops) - {0}):
+        layers = torch.tensor([i for i in range(nl) if drops[i] == k], device=scores.device)
+        chosen = choose(scores.index_select(0, layers), evictable.index_select(0, layers), k)
         part = torch.zeros((len(layers), *scores.shape[1:-1], n), dtype=torch.bool, device=scores.device)
         drop.index_copy_(0, layers, part.scatter_(-1, chosen, True))
     return drop
 
 
-def split_drop(drop: torch.Tensor, n_evict: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first ``n_evict`` dropped slots of each row (in slot order) are evicted, the rest become holes:
-    (the kept slots' order [..., n - n_evict] for the gather, the hole mask [..., n])."""
-    removed = drop & (drop.cumsum(-1) <= n_evict)
+def free_slots(drop: torch.Tensor, holes: torch.Tensor, n_free: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Of each row's holes and dropped pairs (``holes``, ``drop`` [..., n]), the first ``n_free`` in slot order leave
+    the storage, the other dropped pairs become holes: (the kept slots' order [..., n - n_free] for the gather, the new
+    holes' mask [..., n]). Every row has at least ``n_free`` of them (the budgets' invariant)."""
+    gone = drop | holes
+    freed = gone & (gone.cumsum(-1) <= n_free)
     n = drop.shape[-1]
-    order = torch.sort(removed, dim=-1, stable=True).indices[..., :n - n_evict]
-    return order, drop & ~removed
+    order = torch.sort(freed, dim=-1, stable=True).indices[..., :n - n_free]
+    return order, drop & ~freed

@@ -89,7 +89,7 @@ def forward_chunks(model, cache, input_ids: torch.Tensor, mask: torch.Tensor, ch
     recorded = RecordedChunks(model, cache, capture_for(input_ids.device)) if bounded and step == "graph" else None
     all_real = bounded and bool(mask.all())  # checked once here, not by the cache on every chunk
     s = start
-    while s < S and not (before_eviction and cache.slots is not None and cache.n >= cache.capacity):
+    while s < S and not (before_eviction and cache.slots is not None and cache.scheduled >= cache.capacity):
         q = cache.next_chunk(S - s) if bounded else min(chunk, S - s)
         kw = cache.feed(mask[:, s:s + q], all_real) if bounded else {"attention_mask": mask[:, : s + q].long()}
         extra = {"logits_to_keep": last_position(q, input_ids.device)} if s + q <= logits_from else {}
@@ -183,7 +183,7 @@ def shared_prefix(model, input_ids: torch.Tensor, settings: EvictionSettings, pr
     mask = _mask(input_ids, attention_mask)
     cache = BoundedCache(model.config, PrefixPolicy(probabilities), settings, prompt_len=prompt_len)
     prog = _Progress.empty(*input_ids.shape, input_ids.device)
-    known = settings.budget + settings.interval if full is not None else 0
+    known = cache.min_budget + settings.interval if full is not None else 0  # no eviction before
     end = _feed(model, cache, input_ids, mask, 0, prog, known, full, entropy, step, before_eviction=True)
     return Prefix(cache, prog, input_ids, mask, entropy or end <= known)
 
@@ -217,7 +217,6 @@ def rollout(model, input_ids: torch.Tensor, policy=None, settings: EvictionSetti
     if policy is None:  # a full-cache pass: chunks no larger than the logits' memory allows
         chunk = max(1, min(chunk, MAX_CHUNK_LOGITS // (b * model.config.vocab_size)))
     attention_mask = _mask(input_ids, attention_mask)
-    known = settings.budget + settings.interval if (full is not None and policy is not None) else 0
     start = 0
     if prefix is not None:
         repeat = _check_prefix(prefix, input_ids, attention_mask, policy, entropy)
@@ -226,6 +225,7 @@ def rollout(model, input_ids: torch.Tensor, policy=None, settings: EvictionSetti
     else:
         cache = make_cache(model, policy, settings, prompt_len, recorder, generator)
         prog = _Progress.empty(b, S, dev)
+    known = cache.min_budget + settings.interval if (full is not None and policy is not None) else 0  # no eviction before
     _feed(model, cache, input_ids, attention_mask, chunk, prog, known, full, entropy, step, start=start)
     loss, ent, held_sum, held_rows = prog.loss, prog.ent, prog.held_sum, prog.held_rows
     valid = attention_mask.clone()

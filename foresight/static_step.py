@@ -62,9 +62,9 @@ class StaticStep:
             raise ValueError(f"static decoding step: policy {getattr(cache.policy, 'name', cache.policy)!r} observes "
                              "every new pair on the host (Policy.observe), which a recorded step cannot do; decode "
                              "it eagerly")
-        if cache.slots.capacity != cache.capacity:
+        if cache.slots.capacity != cache.slot_capacity:
             raise ValueError(f"static decoding step: the cache's storage holds {cache.slots.capacity} slots, not its "
-                             f"capacity {cache.capacity} (an oversized first forward grew it); prefill in chunks of "
+                             f"capacity {cache.slot_capacity} (an oversized first forward grew it); prefill in chunks of "
                              "at most the budget (foresight.rollout.forward_chunks)")
         self.cache = cache
         dev = cache.keys.device

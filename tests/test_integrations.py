@@ -69,7 +69,7 @@ def test_layer_budgets_reach_plain_generate(tmp_path):
     ids = torch.randint(8, 170, (1, 10), generator=torch.Generator().manual_seed(4))
     cache = ForesightCache.from_pretrained(tmp_path / "ck", model, layer_budgets=["1:2"])  # 11 and 21 of B=16
     out = model.generate(ids, cache=cache, max_new_tokens=40, do_sample=False)
-    assert cache.holes_made and cache.layer_budget == [11, 21] and cache.held() <= 21 + 4
+    assert cache.holes == [10, 0] and cache.layer_budget == [11, 21] and cache.held() <= 21 + 4
     mine = generate(model, ids, max_new_tokens=40, policy=LearnedPolicy(bank),
                     settings=EvictionSettings(budget=16, interval=4, layer_budgets=["1:2"]))
     assert torch.equal(out, mine.sequences)
