@@ -4,7 +4,7 @@
 # uniform ones included, comes from this run). Layers 15-24 get twice the share of the others (at B=128: 192 and 96,
 # session 37's allocation, chosen on validation traces by simulation, layerbudget.py in ../whole-heads/), alone and
 # with layer 18's KV head 2 whole at B'=114 / 242 (../whole-heads/: the memory of B=128 / 256 at the end of the
-# longest reference). ~80 min.
+# longest reference). ~60 min on this machine.
 set -euo pipefail
 D=docs/results/smollm2-135m/layer-budgets
 R=recipes/smollm2-135m-realbench.yaml
@@ -16,7 +16,7 @@ ev --out $OUT/uniform --budgets 128:32,256:32,512:32 --methods full,random-keep-
 ev --out $OUT/layers --budgets 128:32,256:32 --methods full,random-keep-prompt,scissorhands,tova \
   --set cache.layer_budgets=15-24:2
 ev --out $OUT/whole --budgets 114:32,242:32 --methods full --set cache.whole_heads=18:2
-ev --out $OUT/layers-whole --budgets 114:32,242:32 --methods full,random-keep-prompt,scissorhands \
+ev --out $OUT/layers-whole --budgets 114:32,242:32 --methods full \
   --set cache.layer_budgets=15-24:2 --set cache.whole_heads=18:2
 for r in uniform layers whole layers-whole; do mkdir -p $D/$r && cp $OUT/$r/results.json $OUT/$r/meta.json $D/$r/; done
 python $D/summarise.py
