@@ -8,8 +8,8 @@ came from this cache back to :meth:`BoundedCache.attend`, see :mod:`foresight.ha
 By composition: the slots (:class:`~foresight.slots.SlotStore`, ``protected prompt + B + L`` of them, so memory is
 really bounded), attention causal by token index (:mod:`foresight.slot_attention`), the statistics the policy reads
 (:class:`~foresight.statistics.SlotStatistics`) and the policy's view (:class:`~foresight.view.EvictionView`); by
-job: each chunk's plan (:mod:`foresight.cache_chunks`), the attention of its queries (:mod:`foresight.cache_attention`)
-and the eviction step (:mod:`foresight.eviction`).
+job: the storage's allocation (:mod:`foresight.cache_storage`), each chunk's plan (:mod:`foresight.cache_chunks`), the
+attention of its queries (:mod:`foresight.cache_attention`) and the eviction step (:mod:`foresight.eviction`).
 
 Eviction: when an update would overflow the capacity, ``L`` pairs per (layer, sequence, KV head) are dropped (more
 after one oversized chunk) so that ``B`` remain besides the protected prompt (each layer its own ``B_l`` with
@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache
 
-from foresight import cache_attention, cache_chunks, eviction, features, handoff, layer_budgets, rope_shift, whole_heads
+from foresight import cache_attention, cache_chunks, cache_storage, eviction, handoff, layer_budgets, whole_heads
 from foresight.config import EvictionSettings
 from foresight.layer_handle import LayerHandle
 from foresight.shapes import AttentionShape, text_config
@@ -66,7 +66,9 @@ class BoundedCache(Cache):
         self.whole_heads = [] if self.full else whole_heads.parse(settings.whole_heads)
         whole_heads.check_shape(self.whole_heads, self.num_layers, self.kv_heads)
         self.whole: whole_heads.WholeHeads | None = None  # every pair of the whole heads, from the first eviction
-        self.layer_budget = self._layer_budgets(settings, recorder)  # None: every layer holds B
+        self.layer_budget = None if self.full else layer_budgets.for_cache(settings, self.num_layers, self.window,
+                                                                           recorder)  # None: every layer holds B
+        self.smallest_layer = 0 if self.layer_budget is None else self.layer_budget.index(min(self.layer_budget))
         self.holes = [0] * self.num_layers  # per layer, slots below n that hold no pair (foresight.layer_budgets)
         accumulations(getattr(policy, "reads", None))  # an unknown statistic fails here, not mid-rollout
         super().__init__(layers=[LayerHandle(self, i) for i in range(self.num_layers)])
@@ -87,20 +89,6 @@ class BoundedCache(Cache):
         self.static = None  # a foresight.static_step.StaticStep while a static decoding step runs
         self.prepared = False  # the chunk in progress was planned by prepare_chunk (its caller finishes it)
         self.chunk_real = True  # no token of the chunk in progress is padding
-
-    def _layer_budgets(self, settings: EvictionSettings, recorder) -> list[int] | None:
-        """Each layer's budget under ``cache.layer_budgets`` (None when every layer gets the same)."""
-        if self.full or not settings.layer_budgets:
-            return None
-        per_layer = layer_budgets.budgets(settings.layer_budgets, settings.budget, self.num_layers)
-        layer_budgets.check(per_layer, settings.interval, self.window, settings.sinks)
-        if len(set(per_layer)) == 1:
-            return None
-        if recorder is not None:
-            raise ValueError("cache.layer_budgets: recorded eviction steps (golden labels, GRPO, eval.recall) are not "
-                             "supported with per-layer budgets (the first eviction drops more pairs in some layers); "
-                             "set eval.recall=false, or train without them")
-        return per_layer
 
     # ----------------------------------------------------------------------------------------------- set-up
     def feed(self, valid: torch.Tensor, all_real: bool = False) -> dict:
@@ -157,49 +145,15 @@ class BoundedCache(Cache):
     @property
     def scheduled(self) -> int:
         """The smallest layer's pairs (slots in use less its holes): what the eviction schedule counts."""
-        return self.n if self.layer_budget is None else self.n - self.holes[self.layer_budget.index(self.min_budget)]
+        return self.n if self.layer_budget is None else self.n - self.holes[self.smallest_layer]
 
     def next_chunk(self, remaining: int) -> int:
         """Largest chunk the drivers may feed next: ends at the next eviction point or block start."""
         return cache_chunks.next_chunk(self, remaining)
 
-    def _allocate(self, key_states: torch.Tensor):
-        b, dev, dt = key_states.shape[0], key_states.device, key_states.dtype
-        st = self.settings
-        if st.protect_prompt and self.prompt_len is None:
-            self.prompt_len = key_states.shape[-2]  # the first forward is the prompt (transformers' generate)
-        if not self.full and st.protect_prompt and self.prompt_len > st.budget:
-            if st.prompt_overflow == "error":
-                raise ValueError(f"protect_prompt: the prompt has {self.prompt_len} tokens, more than the budget "
-                                 f"B={st.budget}; raise the budget or set cache.prompt_overflow=evict to evict inside "
-                                 "the prompt")
-            self.settings = st.replace(protect_prompt=False)  # prompt_overflow=evict: the prompt is evicted as usual
-        cap = max(self.slot_capacity, key_states.shape[-2], 1) if not self.full else max(key_states.shape[-2], 64)
-        nl, h, d = self.num_layers, self.kv_heads, self.head_dim
-        self.slots = SlotStore(nl, b, h, d, cap, dev, dt)
-        W = features.QUERY_WINDOW  # decoding queries wait at most until the next eviction
-        self.stats = SlotStatistics(self.accumulated(), nl, b, h, self.q_heads, d, cap,
-                                    pending=W if self.full else max(self.settings.interval, W), device=dev, dtype=dt,
-                                    newest_kept=self.full or self.window >= W, shifts=self._shift_tables(dev))
-        self.first_real = torch.full((b,), -1, device=dev, dtype=torch.long)  # each row's first real token
-        self.all_started = False  # every row has had its first real token
-
-    def _shift_tables(self, device):
-        """The rotations of the ``ahead`` statistics (foresight.rope_shift; a few hundred values, made for every rotary
-        model so that a fork for another policy has them too), None for a model without RoPE (an error when the policy
-        declares them)."""
-        try:
-            return rope_shift.shift_tables(self.model_config, features.AHEAD_SHIFTS, device)
-        except (ValueError, KeyError, AttributeError):
-            reads = None if (self.full or self.recorder is not None) else getattr(self.policy, "reads", None)
-            if reads is not None and set(reads) & set(features.AHEAD_NAMES):
-                raise
-            return None
-
     def accumulated(self) -> frozenset:
         """What this cache accumulates: what the policy reads; everything for a full cache or when steps are recorded."""
-        reads = None if (self.full or self.recorder is not None) else getattr(self.policy, "reads", None)
-        return accumulations(reads)
+        return cache_storage.accumulated(self)
 
     @property
     def keys(self) -> torch.Tensor:  # [nl, b, h, capacity, d]
@@ -257,7 +211,7 @@ class BoundedCache(Cache):
                                "load the model with attn_implementation='foresight' "
                                "(foresight.attention.use_foresight_attention)")
         if self.slots is None:
-            self._allocate(key_states)
+            cache_storage.allocate(self, key_states)
         cache_chunks.plan(self, q)
         cache_chunks.write_tokens(self)
 

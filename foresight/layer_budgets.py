@@ -97,6 +97,22 @@ def check(per_layer: list[int], interval: int, window: int, sinks: int) -> None:
                              f"and be at least sinks + window = {sinks} + {window}: raise the budget or flatten the weights")
 
 
+def for_cache(settings, num_layers: int, window: int, recorder=None) -> list[int] | None:
+    """Each layer's budget for a bounded cache of ``settings`` (:class:`~foresight.config.EvictionSettings`), checked;
+    None when every layer gets the same. Refused with a recorder: recorded eviction steps have one drop count."""
+    if not settings.layer_budgets:
+        return None
+    per_layer = budgets(settings.layer_budgets, settings.budget, num_layers)
+    check(per_layer, settings.interval, window, settings.sinks)
+    if len(set(per_layer)) == 1:
+        return None
+    if recorder is not None:
+        raise ValueError("cache.layer_budgets: recorded eviction steps (golden labels, GRPO, eval.recall) are not "
+                         "supported with per-layer budgets (the first eviction drops more pairs in some layers); "
+                         "set eval.recall=false, or train without them")
+    return per_layer
+
+
 def ragged_drop(choose, scores: torch.Tensor, evictable: torch.Tensor, drops: list[int]) -> torch.Tensor:
     """[nl, b, h, n] bool: the pairs each layer gives up, ``drops[l]`` per row of layer ``l``, chosen by
     ``choose(scores, evictable, k)`` (the cache's selection) once per distinct count."""

@@ -9,7 +9,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "foresight"
 
 PRIMITIVES = {"config", "features", "selection", "shapes", "atomic", "handoff", "slot_attention", "statistics", "eviction",
-              "cache_chunks", "cache_attention", "rope_shift", "kept_queries",
+              "cache_chunks", "cache_attention", "cache_storage", "rope_shift", "kept_queries",
               "view", "slots", "cache", "attention", "distributed", "reward", "prompts", "trace_data", "validation", "locks",
               "serving", "layer_handle", "recipe_yaml", "full_cache", "whole_heads", "layer_budgets"}
 ENGINE = {"models", "rollout", "cache_fork", "generate", "static_step", "recorded", "golden", "scorer", "policies", "kvpop.topk",
