@@ -18,5 +18,11 @@ ev --out $OUT/layers --budgets 128:32,256:32 --methods full,random-keep-prompt,s
 ev --out $OUT/whole --budgets 114:32,242:32 --methods full --set cache.whole_heads=18:2
 ev --out $OUT/layers-whole --budgets 114:32,242:32 --methods full \
   --set cache.layer_budgets=15-24:2 --set cache.whole_heads=18:2
-for r in uniform layers whole layers-whole; do mkdir -p $D/$r && cp $OUT/$r/results.json $OUT/$r/meta.json $D/$r/; done
+# session 39: the scorer with the prompt protected on top of B, as random-keep-prompt keeps it (at 128 the prompts
+# longer than B are evicted as usual: prompt_overflow=evict)
+for LB in "" "--set cache.layer_budgets=15-24:2"; do
+  ev --out $OUT/prompt${LB:+-layers} --budgets 128:32,256:32 --methods full --set eval.protect_prompt=true \
+    --set cache.prompt_overflow=evict $LB
+done
+for r in uniform layers whole layers-whole prompt prompt-layers; do mkdir -p $D/$r && cp $OUT/$r/results.json $OUT/$r/meta.json $D/$r/; done
 python $D/summarise.py

@@ -1,6 +1,7 @@
 """Paired comparisons of this folder's four evaluations on the same 48 held-out references: uniform budgets
 (``uniform/``), layers 15–24 at twice the others' share (``layers/``, mean budget B), layer 18's KV head 2 whole at B'
-(``whole/``) and both (``layers-whole/``).
+(``whole/``) and both (``layers-whole/``); the scorer with the prompt protected on top of B, as random-keep-prompt
+keeps it (``prompt/``, ``prompt-layers/``).
 
     python docs/results/smollm2-135m/layer-budgets/summarise.py
 """
@@ -12,7 +13,7 @@ from foresight.report import paired_ratio_diff_ci
 
 HERE = Path(__file__).parent
 runs = {name: json.loads((HERE / name / "results.json").read_text())
-        for name in ("uniform", "layers", "whole", "layers-whole")}
+        for name in ("uniform", "layers", "whole", "layers-whole", "prompt", "prompt-layers")}
 MATCH = {114: 128, 242: 256}  # B' with the whole head: the memory of the uniform B at the end of the longest reference
 SCORER = "foresight-sft"
 
@@ -56,10 +57,19 @@ for run, budgets in (("layers", (128, 256)), ("layers-whole", tuple(MATCH))):
             print(f"| {run} | {B} | − {r['method']}: {diff(r, s)} |")
 print()
 for run, pairs in (("uniform", ((128, 256), (256, 512))), ("layers", ((128, 256), (256, 512))),
-                   ("whole", ((114, 256), (242, 512))), ("layers-whole", ((114, 256), (242, 512)))):
+                   ("whole", ((114, 256), (242, 512))), ("layers-whole", ((114, 256), (242, 512))),
+                   ("prompt", ((128, 256), (256, 512))), ("prompt-layers", ((128, 256), (256, 512)))):
     for B, B2 in pairs:
         s = row(run, SCORER, B)
         best = min((r for r in runs["uniform"] if r["budget"] == B2 and r["method"] not in ("full", SCORER)),
                    key=lambda r: r["loss_ratio"])
         print(f"2B headline, {run} at B={B}: scorer {s['loss_ratio']:.4f} (mean cache {s['mean_cache']}) against the "
               f"best heuristic at uniform {B2}, {best['method']} {best['loss_ratio']:.4f}: {diff(best, s)}")
+print()
+print("| scorer, prompt protected (at 128 only where it fits: the others evict it) | B | loss ratio · mean cache | "
+      "− the same allocation without, paired |")
+print("|---|---|---|---|")
+for run, base in (("prompt", "uniform"), ("prompt-layers", "layers")):
+    for B in (128, 256):
+        s, u = row(run, SCORER, B), row(base, SCORER, B)
+        print(f"| {run} | {B} | {cell(s)} | {diff(u, s)} |")
