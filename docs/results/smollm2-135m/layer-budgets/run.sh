@@ -26,3 +26,8 @@ for LB in "" "--set cache.layer_budgets=15-24:2"; do
 done
 for r in uniform layers whole layers-whole prompt prompt-layers; do mkdir -p $D/$r && cp $OUT/$r/results.json $OUT/$r/meta.json $D/$r/; done
 python $D/summarise.py
+# session 39: the search on validation traces drawn anew (the realbench's training traces; their last 32 validate)
+python -m foresight traces --recipe $R --out $OUT/traces
+FORESIGHT_CACHE=$OUT/valcache python -m foresight heads --recipe $R --traces $OUT/traces --set sft.val_traces=32 \
+  --set eval.num_problems=32 --scorers $S --budgets 128:32 --out $OUT/heads
+cp $OUT/heads/heads.json $D/
