@@ -157,10 +157,12 @@ def search_heads(recipe, traces_dir, out, method: str | None = None, scorers=(),
             row = {"level": level, "heads": [list(h) for h in heads], "budget": at, "layer_budgets": list(shares), **sums}
             if heads or shares:
                 row.update(_saving(result["units"]["none"], sums, recipe.eval.seed))
+            else:  # the uniform budget's own loss ratio, the base every saving is taken from
+                row["loss_ratio"] = round(sum(sums["evicted"]) / sum(sums["full"]), 5)
             result["units"][name] = row
             atomic.write_json(path, result, indent=1)
-            log(f"[heads] {level} {name}: saving {row.get('saving', 0):+.4f} {row.get('saving_ci')} "
-                f"({time.time() - t0:.0f} s)")
+            log(f"[heads] {level} {name}: loss ratio {row['loss_ratio']:.4f}, saving {row.get('saving', 0):+.4f} "
+                f"{row.get('saving_ci')} ({time.time() - t0:.0f} s)")
         return result["units"][name]
 
     def every_head(layers):

@@ -30,6 +30,7 @@ def test_the_search_measures_groups_layers_and_heads_and_resumes(folder, monkeyp
     units = res["units"]
     assert [u["level"] for u in units.values()] == ["none", "group", "layer", "layer", "head", "head"]
     base = units["none"]
+    assert base["loss_ratio"] == pytest.approx(sum(base["evicted"]) / sum(base["full"]), abs=1e-5)  # the base's own
     assert sum(base["evicted"]) / sum(base["full"]) > 1.001  # B=12 of ~60 tokens loses something
     every = units["0:0,0:1,1:0,1:1"]  # the one group holds every head: nothing is lost
     assert every["loss_ratio"] == pytest.approx(1.0, abs=1e-4) and every["saving"] > 0
