@@ -31,3 +31,8 @@ python -m foresight traces --recipe $R --out $OUT/traces
 FORESIGHT_CACHE=$OUT/valcache python -m foresight heads --recipe $R --traces $OUT/traces --set sft.val_traces=32 \
   --set eval.num_problems=32 --scorers $S --budgets 128:32 --out $OUT/heads
 cp $OUT/heads/heads.json $D/
+# the layer shares at B=256 on the same validation traces
+for LB in "" "--set cache.layer_budgets=15-24:2"; do
+  FORESIGHT_CACHE=$OUT/valcache ev --set eval.traces=$OUT/traces --set sft.val_traces=32 --set eval.num_problems=32 \
+    --budgets 256:32 --methods full $LB --out $OUT/val256/$([ -z "$LB" ] && echo uniform || echo layers-2)
+done

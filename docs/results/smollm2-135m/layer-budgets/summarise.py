@@ -73,3 +73,17 @@ for run, base in (("prompt", "uniform"), ("prompt-layers", "layers")):
     for B in (128, 256):
         s, u = row(run, SCORER, B), row(base, SCORER, B)
         print(f"| {run} | {B} | {cell(s)} | {diff(u, s)} |")
+print()
+VAL = HERE / "val256"  # session 39: the layer shares at B=256 on the search's 32 validation traces
+if VAL.exists():
+    def scorer_row(name):
+        return next(r for r in json.loads((VAL / name / "results.json").read_text()) if r["method"] == SCORER)
+
+    base = scorer_row("uniform")
+    print(f"| validation traces, B=256 | loss ratio · mean cache | − uniform 256 ({base['loss_ratio']:.4f}), paired |")
+    print("|---|---|---|")
+    for name in ("layers-2", "layers-whole"):
+        if not (VAL / name).exists():
+            continue
+        r = scorer_row(name)
+        print(f"| {name} (B={r['budget']}) | {cell(r)} | {diff(base, r)} |")
