@@ -36,3 +36,5 @@ for LB in "" "--set cache.layer_budgets=15-24:2"; do
   FORESIGHT_CACHE=$OUT/valcache ev --set eval.traces=$OUT/traces --set sft.val_traces=32 --set eval.num_problems=32 \
     --budgets 256:32 --methods full $LB --out $OUT/val256/$([ -z "$LB" ] && echo uniform || echo layers-2)
 done
+FORESIGHT_CACHE=$OUT/valcache ev --set eval.traces=$OUT/traces --set sft.val_traces=32 --set eval.num_problems=32 \
+  --budgets 243:32 --methods full --set cache.layer_budgets=15-24:2 --set cache.whole_heads=18:2 --out $OUT/val256/layers-whole
