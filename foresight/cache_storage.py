@@ -11,10 +11,14 @@ from foresight.slots import SlotStore
 from foresight.statistics import SlotStatistics, accumulations
 
 
+def _policy_reads(cache):
+    """The statistics ``cache``'s policy declares it reads; None (everything) for a full cache or recorded steps."""
+    return None if (cache.full or cache.recorder is not None) else getattr(cache.policy, "reads", None)
+
+
 def accumulated(cache) -> frozenset:
     """What ``cache`` accumulates: what its policy reads; everything for a full cache or when steps are recorded."""
-    reads = None if (cache.full or cache.recorder is not None) else getattr(cache.policy, "reads", None)
-    return accumulations(reads)
+    return accumulations(_policy_reads(cache))
 
 
 def allocate(cache, key_states: torch.Tensor) -> None:
@@ -49,7 +53,7 @@ def shift_tables(cache, device):
     try:
         return rope_shift.shift_tables(cache.model_config, features.AHEAD_SHIFTS, device)
     except (ValueError, KeyError, AttributeError):
-        reads = None if (cache.full or cache.recorder is not None) else getattr(cache.policy, "reads", None)
+        reads = _policy_reads(cache)
         if reads is not None and set(reads) & set(features.AHEAD_NAMES):
             raise
         return None

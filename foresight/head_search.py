@@ -100,10 +100,14 @@ class _Runner:
         return {"evicted": [evicted[i] for i in order], "full": [full[i] for i in order]}
 
 
+def _ratio(sums: dict) -> float:
+    """A unit's loss ratio: its evicted loss over the full cache's, summed over the traces."""
+    return sum(sums["evicted"]) / sum(sums["full"])
+
+
 def _saving(base: dict, unit: dict, seed: int) -> dict:
     """A unit's loss ratio and its saving against the uniform ``base`` (base − unit, paired over the same traces)."""
-    ratio = sum(unit["evicted"]) / sum(unit["full"])
-    base_ratio = sum(base["evicted"]) / sum(base["full"])
+    ratio, base_ratio = _ratio(unit), _ratio(base)
     ci = paired_ratio_diff_ci(*({"evicted_loss": r["evicted"], "full_loss": r["full"]} for r in (base, unit)), seed)
     return {"loss_ratio": round(ratio, 5), "saving": round(base_ratio - ratio, 5), "saving_ci": ci}
 
@@ -158,7 +162,7 @@ def search_heads(recipe, traces_dir, out, method: str | None = None, scorers=(),
             if heads or shares:
                 row.update(_saving(result["units"]["none"], sums, recipe.eval.seed))
             else:  # the uniform budget's own loss ratio, the base every saving is taken from
-                row["loss_ratio"] = round(sum(sums["evicted"]) / sum(sums["full"]), 5)
+                row["loss_ratio"] = round(_ratio(sums), 5)
             result["units"][name] = row
             atomic.write_json(path, result, indent=1)
             log(f"[heads] {level} {name}: loss ratio {row['loss_ratio']:.4f}, saving {row.get('saving', 0):+.4f} "
