@@ -197,3 +197,29 @@ def test_eval_gives_every_method_the_recipe_s_layer_budgets(tiny_model_dir, tmp_
     with pytest.raises(ValueError, match="eval.recall=false"):
         run_eval(load_recipe("recipes/tiny-qwen3.yaml", [*sets[:1], *SETS, f"cache.layer_budgets={last}:2"]),
                  tmp_path / "r", **kw)
+
+
+def test_a_protected_prompt_sits_on_top_of_every_layer_s_own_budget(qwen3):
+    """Session 40's headline configuration: the prompt protected (as random-keep-prompt keeps it), layers at unequal
+    shares and a whole head, together: every layer keeps the whole prompt in every state and at most its own B_l (+ L)
+    other pairs; the whole head attends over every pair fed (so the rollout differs from the one without it)."""
+    P = 10
+    ids = torch.randint(8, 170, (2, 64), generator=torch.Generator().manual_seed(4))
+    seen = []
+
+    class Spy(type(make_policy("tova"))):
+        def score(self, view):
+            seen.append(view.token.clone())
+            return super().score(view)
+
+    settings = SETTINGS.replace(layer_budgets=["1:2"], protect_prompt=True)  # B=12: layers hold 8 and 16 + the prompt
+    out = rollout(qwen3, ids, Spy(), settings.replace(whole_heads=["0:1"]), prompt_len=P)
+    assert len(seen) > 5
+    for tok in seen:
+        assert (tok[..., :P] == torch.arange(P)).all()  # the prompt, in every layer, head and row, is never a hole
+        real = (tok >= P).sum(-1)  # the pairs besides the prompt, candidates included (at most B_l + L)
+        assert (real[0] <= 8 + L).all() and (real[1] <= 16 + L).all()
+    assert (real[0] == 8 + L).all() and (real[1] == 16 + L).all()  # past both layers' first eviction: full
+    without = rollout(qwen3, ids, make_policy("tova"), settings, prompt_len=P)
+    assert out.mean_held > without.mean_held  # the whole head's store counts
+    assert (out.token_loss - without.token_loss).abs().max() > 1e-4
