@@ -38,3 +38,21 @@ for LB in "" "--set cache.layer_budgets=15-24:2"; do
 done
 FORESIGHT_CACHE=$OUT/valcache ev --set eval.traces=$OUT/traces --set sft.val_traces=32 --set eval.num_problems=32 \
   --budgets 243:32 --methods full --set cache.layer_budgets=15-24:2 --set cache.whole_heads=18:2 --out $OUT/val256/layers-whole
+# session 40: the prompt on top (as random-keep-prompt keeps it), layer shares and the whole head together, and the
+# Top-2L sampler (T=0.02, chosen on validation traces in session 24) with the allocation; same 48 references
+LW="--set cache.layer_budgets=15-24:2 --set cache.whole_heads=18:2"
+P="--set eval.protect_prompt=true --set cache.prompt_overflow=evict"
+SMP="--set eval.scorer_selection=sample --set eval.scorer_temperature=0.02"
+ev --out $OUT/prompt-layers-whole --budgets 114:32,242:32 --methods full $LW $P
+ev --out $OUT/layers-whole-sample --budgets 114:32,242:32 --methods full $LW $SMP
+ev --out $OUT/prompt-layers-whole-sample --budgets 114:32 --methods full $LW $P $SMP
+# ... and the headline at B'=242 on 192 references (144 more drawn into the same reference cache): the scorer with the
+# prompt on top and the allocation against random-keep-prompt at a uniform 512, and at 484 with the same allocation
+ev --set eval.num_problems=192 --out $OUT/r192/prompt-layers-whole --budgets 242:32 --methods full $LW $P
+python -m foresight eval --recipe $R --set eval.recall=false --set eval.num_problems=192 --out $OUT/r192/uniform \
+  --budgets 512:32 --methods full,random-keep-prompt
+python -m foresight eval --recipe $R --set eval.recall=false --set eval.num_problems=192 --out $OUT/r192/layers-whole-rkp \
+  --budgets 484:32 --methods full,random-keep-prompt $LW
+for r in prompt-layers-whole layers-whole-sample prompt-layers-whole-sample r192/prompt-layers-whole r192/uniform \
+  r192/layers-whole-rkp; do mkdir -p $D/$r && cp $OUT/$r/results.json $OUT/$r/meta.json $D/$r/; done
+python $D/summarise.py

@@ -1,7 +1,9 @@
 """Paired comparisons of this folder's four evaluations on the same 48 held-out references: uniform budgets
 (``uniform/``), layers 15–24 at twice the others' share (``layers/``, mean budget B), layer 18's KV head 2 whole at B'
 (``whole/``) and both (``layers-whole/``); the scorer with the prompt protected on top of B, as random-keep-prompt
-keeps it (``prompt/``, ``prompt-layers/``).
+keeps it (``prompt/``, ``prompt-layers/``); session 40: all three together and the Top-2L sampler on the 48
+references (``prompt-layers-whole/``, ``layers-whole-sample/``, ``prompt-layers-whole-sample/``) and the headline's
+comparison at B'=242 on 192 references (``r192/``).
 
     python docs/results/smollm2-135m/layer-budgets/summarise.py
 """
@@ -87,3 +89,28 @@ if VAL.exists():
             continue
         r = scorer_row(name)
         print(f"| {name} (B={r['budget']}) | {cell(r)} | {diff(base, r)} |")
+print()
+S40 = ("prompt-layers-whole", "layers-whole-sample", "prompt-layers-whole-sample")  # session 40, the 48 references
+print("| scorer at B' (allocation: layers ×2 + head 18:2 whole) | B' | loss ratio · mean cache | − layers-whole, paired | "
+      "− best heuristic at uniform 2B (random-keep-prompt), paired |")
+print("|---|---|---|---|---|")
+for name in S40:
+    for r in json.loads((HERE / name / "results.json").read_text()):
+        if r["method"] != SCORER:
+            continue
+        B = r["budget"]
+        base, rkp = row("layers-whole", SCORER, B), row("uniform", "random-keep-prompt", 2 * MATCH[B])
+        print(f"| {name} | {B} | {cell(r)} | {diff(base, r)} | {diff(rkp, r)} |")
+R192 = HERE / "r192"  # session 40: the headline at B'=242 on 192 held-out references
+if R192.exists():
+    def rows192(name):
+        return json.loads((R192 / name / "results.json").read_text())
+
+    s = next(r for r in rows192("prompt-layers-whole") if r["method"] == SCORER)
+    print()
+    print(f"192 references: the scorer at B'={s['budget']}, prompt on top, layers ×2 + head 18:2 whole: {cell(s)}")
+    for name in ("uniform", "layers-whole-rkp"):
+        if (R192 / name).exists():
+            for r in rows192(name):
+                if r["method"] == "random-keep-prompt":
+                    print(f"  − random-keep-prompt at {r['budget']} ({name}: {cell(r)}): {diff(r, s)}")
