@@ -156,7 +156,7 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
                             max(m.sinks for m in meths))
     t0 = time.time()
     if eval_cfg.traces:  # validation traces of a traces folder: nothing to generate
-        problems, refs = validation_references(recipe, eval_cfg.traces, model, device, scorers)
+        problems, refs = validation_references(recipe, eval_cfg.traces, model, device, scorers, log=log)
         log(f"[eval] {len(refs)} validation traces of {eval_cfg.traces} (not the held-out references)")
     else:
         problems = prompts.heldout_prompts(recipe, eval_cfg.num_problems, tok)

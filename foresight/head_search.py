@@ -133,7 +133,7 @@ def search_heads(recipe, traces_dir, out, method: str | None = None, scorers=(),
     out.mkdir(parents=True, exist_ok=True)
     model, tok = load_model(recipe.model)
     device = next(model.parameters()).device
-    _, refs = validation_references(recipe, traces_dir, model, device, list(scorers))
+    _, refs = validation_references(recipe, traces_dir, model, device, list(scorers), log=log)
     names = check_names([method]) if method else []
     meth = build_methods(names, list(scorers), model, recipe.eval.protect_prompt)[-1]
     if meth.is_full or meth.teacher_forced_only:

@@ -70,17 +70,22 @@ def check_references_unseen(refs: list[dict], scorers, log=print) -> dict[str, i
     return shared
 
 
-def validation_references(recipe, traces_dir, model, device, scorers=()) -> tuple[list, list[dict]]:
+def validation_references(recipe, traces_dir, model, device, scorers=(), log=print) -> tuple[list, list[dict]]:
     """The validation traces of ``traces_dir`` (the last ``sft.val_traces``, at most ``eval.num_problems`` of them) as
     (prompts, references): references in :func:`foresight.references.reference_traces`' form (``ids`` [1, S],
     ``prompt_len``, full-cache ``loss`` and ``entropy`` [S], ``correct``), prompts rebuilt from each trace's
-    ``prompt_index`` (for accuracy, when the task has a checker)."""
+    ``prompt_index`` (for accuracy, when the task has a checker). SFT's split holds out at most a quarter of a folder;
+    when that caps ``sft.val_traces``, ``log`` says so (a search on 8 traces where 32 were asked for is easy to miss)."""
     ds = load_traces(traces_dir)
     check_traces_model(ds, traces_dir, recipe, model)
     _, val_idx = split_traces(len(ds), recipe.sft.val_traces)
     if not val_idx:
         raise ValueError(f"{traces_dir} has no validation traces: sft.val_traces={recipe.sft.val_traces} of "
                          f"{len(ds)} traces (at most a quarter are held out)")
+    if len(val_idx) < min(recipe.sft.val_traces, recipe.eval.num_problems):
+        log(f"[validation] sft.val_traces={recipe.sft.val_traces}, but SFT's split holds out at most a quarter of the "
+            f"{len(ds)} traces in {traces_dir}: {len(val_idx)} validation traces (for {recipe.sft.val_traces}, a "
+            f"folder of {4 * recipe.sft.val_traces} traces)")
     val_idx = val_idx[:recipe.eval.num_problems]
     check_scorers_unseen(Path(traces_dir), len(ds) - val_idx[0], scorers)
     rows = [ds[i] for i in val_idx]

@@ -338,6 +338,15 @@ def test_eval_on_validation_traces_uses_the_held_out_split_and_refuses_a_scorer_
     meta = json.loads((tmp_path / "ev5" / "meta.json").read_text())
     assert meta["references_with_a_training_prompt"] == {str(tmp_path / "sft1"): 1}  # trace 6's prompt; 7 held out
     assert any("have a prompt the scorer" in n for n in notes)
+    # more validation traces asked for than SFT's split holds out (a quarter of 8): the 2 it holds, said in the log
+    capped = load_recipe("recipes/tiny-qwen3.yaml", [*sets, "sft.val_traces=4", f"eval.traces={tmp_path / 'tr'}"])
+    notes = []
+    run_eval(capped, tmp_path / "ev4", methods="full", budgets="12:4", progress=False, log=notes.append)
+    assert json.loads((tmp_path / "ev4" / "meta.json").read_text())["num_problems"] == 2
+    assert any("sft.val_traces=4" in n and "2 validation traces" in n and "a folder of 16 traces" in n for n in notes)
+    notes.clear()
+    run_eval(v, tmp_path / "ev6", methods="full", budgets="12:4", progress=False, log=notes.append)
+    assert not any(n.startswith("[validation]") for n in notes)  # not capped: nothing said
     empty = load_recipe("recipes/tiny-qwen3.yaml", [*sets, "sft.val_traces=0", f"eval.traces={tmp_path / 'tr'}"])
     with pytest.raises(ValueError, match="no validation traces"):
         run_eval(empty, tmp_path / "ev0", methods="full", budgets="12:4", progress=False, log=lambda *_: None)
