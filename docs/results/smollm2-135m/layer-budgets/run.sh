@@ -56,3 +56,11 @@ python -m foresight eval --recipe $R --set eval.recall=false --set eval.num_prob
 for r in prompt-layers-whole layers-whole-sample prompt-layers-whole-sample r192/prompt-layers-whole r192/uniform \
   r192/layers-whole-rkp; do mkdir -p $D/$r && cp $OUT/$r/results.json $OUT/$r/meta.json $D/$r/; done
 python $D/summarise.py
+# session 40: the search at B=256 on the scorer's 32 validation prompts (rows 232-263), drawn anew as a folder of 32
+# traces: SFT's split holds out a quarter of a folder, so it measured 8 (heads256-8traces.json)
+sed -n 233,264p data_prep/prompts/realbench.jsonl > $OUT/valprompts.jsonl
+python -m foresight traces --recipe $R --set traces.prompt_dataset=$OUT/valprompts.jsonl --set traces.num_prompts=32 \
+  --set traces.batch_size=32 --out $OUT/valtraces
+FORESIGHT_CACHE=$OUT/valcache python -m foresight heads --recipe $R --traces $OUT/valtraces --set sft.val_traces=32 \
+  --set eval.num_problems=32 --scorers $S --budgets 256:32 --out $OUT/heads256
+cp $OUT/heads256/heads.json $D/heads256-8traces.json
