@@ -64,3 +64,10 @@ python -m foresight traces --recipe $R --set traces.prompt_dataset=$OUT/valpromp
 FORESIGHT_CACHE=$OUT/valcache python -m foresight heads --recipe $R --traces $OUT/valtraces --set sft.val_traces=32 \
   --set eval.num_problems=32 --scorers $S --budgets 256:32 --out $OUT/heads256
 cp $OUT/heads256/heads.json $D/heads256-8traces.json
+# ... and on 32 validation traces: a 128-trace folder (prompts 136-263), whose last quarter is the 32 (heads256.json)
+sed -n 137,264p data_prep/prompts/realbench.jsonl > $OUT/valprompts128.jsonl
+python -m foresight traces --recipe $R --set traces.prompt_dataset=$OUT/valprompts128.jsonl --set traces.num_prompts=128 \
+  --set traces.batch_size=64 --out $OUT/valtraces128
+FORESIGHT_CACHE=$OUT/valcache128 python -m foresight heads --recipe $R --traces $OUT/valtraces128 --set sft.val_traces=32 \
+  --set eval.num_problems=32 --scorers $S --budgets 256:32 --out $OUT/heads256b
+cp $OUT/heads256b/heads.json $D/heads256.json
