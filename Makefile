@@ -37,7 +37,7 @@ test-kvpress: $(KVENV)/.installed
 	$(KVENV)/bin/python -m pytest tests/kvpress
 
 lint: $(STAMP)
-	$(BIN)/ruff check foresight data_prep tests
+	$(BIN)/ruff check .
 
 teacher: $(STAMP)
 	$(BIN)/python -m data_prep.teacher --out foresight/assets/tiny-qwen3
@@ -63,29 +63,29 @@ eval: $(STAMP)
 	$(BIN)/foresight eval --recipe $(RECIPE) --out $(OUT)/eval $(foreach s,$(SCORER_DIRS),--scorers $(dir $(s))) $(SET)
 
 bench: $(STAMP)
-	$(BIN)/python -m foresight.bench --out bench.json
+	$(BIN)/python -m benchmarks.bench --out bench.json
 
 bench-gpu: $(STAMP)
-	$(BIN)/python -m foresight.gpubench --device cuda --shape qwen3-4b --out bench-gpu
+	$(BIN)/python -m benchmarks.gpubench --device cuda --shape qwen3-4b --out bench-gpu
 
 # kill -9 each stage at random points, resume, and check bit-identical results (minutes; not in `make test`)
 faults: $(STAMP)
 	$(BIN)/python tests/faults.py --trials 3 --kills 2
 
 demo: $(STAMP)
-	$(BIN)/python -m foresight.demo --recipe $(RECIPE) --out $(OUT)
+	$(BIN)/python -m foresight.pipelines.demo --recipe $(RECIPE) --out $(OUT)
 
 # the real-model benchmark (docs/results/smollm2-135m/results.md): SmolLM2-135M, sampled traces of >= 1,024 tokens,
 # every method at three budgets, ablations, GRPO's curve; resumable stage by stage (REALBENCH_SET: e.g. --stages ...)
 REALBENCH_OUT ?= runs/realbench
 realbench: $(STAMP)
-	$(BIN)/python -m foresight.realbench --out $(REALBENCH_OUT) --report docs/results/smollm2-135m $(REALBENCH_SET) $(SET)
+	$(BIN)/python -m studies.realbench.run --out $(REALBENCH_OUT) --report docs/results/smollm2-135m $(REALBENCH_SET) $(SET)
 
 # the README's headline figure (docs/demo.png, its summary in docs/demo.txt) and every figure in EVAL_DIR, redrawn
 # from EVAL_DIR/results.json and meta.json (no model run)
 EVAL_DIR ?= $(OUT)/eval
 figures: $(STAMP)
-	$(BIN)/python -m foresight.plots --results $(EVAL_DIR) --out $(EVAL_DIR) --headline docs/demo.png
+	$(BIN)/python -m foresight.evaluation.plots --results $(EVAL_DIR) --out $(EVAL_DIR) --headline docs/demo.png
 
 clean:
 	rm -rf runs bench.json

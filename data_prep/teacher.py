@@ -32,7 +32,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from data_prep import ledger
 from data_prep.tokenizer import build_tokenizer
-from foresight import atomic
+from foresight.runtime import atomic
 
 CURRICULUM = [
     ledger.LedgerSpec(facts=16, variables=0, filler=0, scratch=0),  # the measured A3 start: look-ups form here

@@ -16,12 +16,12 @@ import sys
 from pathlib import Path
 
 from foresight import __version__
-from foresight.serving import ServerError
+from foresight.data.openai_client import ServerError
 
 
 def _common(p: argparse.ArgumentParser, out_required: bool = True):
     p.add_argument("--recipe", type=Path, default=None,
-                   help="YAML recipe, e.g. recipes/tiny-qwen3.yaml (default: the defaults of foresight.config)")
+                   help="YAML recipe, e.g. recipes/tiny-qwen3.yaml (default: the defaults of foresight.config.recipe)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override a recipe field (repeatable)")
     p.add_argument("--out", type=Path, required=out_required, help="output folder")
@@ -83,8 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _compare(args) -> int:
-    from foresight import atomic
-    from foresight.compare import compare, compare_table
+    from foresight.runtime import atomic
+    from foresight.evaluation.compare import compare, compare_table
 
     result = compare(args.base, args.candidate, args.base_method, args.method)
     print(compare_table(result), end="")
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             return _compare(args)
         except (ValueError, FileNotFoundError) as e:
             return _error(f"compare: {e}")
-    from foresight.config import RecipeError, load_recipe
+    from foresight.config.recipe import RecipeError, load_recipe
 
     try:
         recipe = load_recipe(args.recipe, args.overrides)
@@ -119,28 +119,28 @@ def main(argv: list[str] | None = None) -> int:
             print(yaml.safe_dump(recipe.to_dict(), sort_keys=False))
             return 0
         if args.cmd == "traces":
-            from foresight.traces import make_traces
+            from foresight.data.traces import make_traces
 
             summary = make_traces(recipe, args.out, progress=not args.no_progress)
             print(json.dumps(summary))
             return 0
         if args.cmd == "sft":  # sft.objective picks the stage: ForesightKV's golden ranking or KVpop's boundary loss
             if recipe.sft.objective == "kvpop":
-                from foresight.kvpop.train import train_kvpop as train
+                from foresight.training.kvpop import train_kvpop as train
             else:
-                from foresight.sft import train_sft as train
+                from foresight.training.sft import train_sft as train
 
             train(recipe, args.traces, args.out, resume=args.resume, deepspeed_config=args.deepspeed,
                   progress=not args.no_progress)
             return 0
         if args.cmd == "grpo":
-            from foresight.grpo import train_grpo
+            from foresight.training.grpo.stage import train_grpo
 
             train_grpo(recipe, args.traces, args.init, args.out, resume=args.resume,
                        deepspeed_config=args.deepspeed, progress=not args.no_progress)
             return 0
         if args.cmd == "eval":
-            from foresight.evaluate import run_eval
+            from foresight.evaluation.evaluate import run_eval
 
             if args.traces is not None:
                 recipe.eval.traces = str(args.traces)
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                      progress=not args.no_progress, record=args.record)
             return 0
         if args.cmd == "heads":
-            from foresight.head_search import HeadSearch, search_heads
+            from foresight.evaluation.head_search import HeadSearch, search_heads
 
             search_heads(recipe, args.traces, args.out, args.method, args.scorers, args.budgets,
                          HeadSearch(max_heads=args.max_heads, shares=_floats(args.shares, "--shares")))

@@ -11,7 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCau
 
 from data_prep import ledger
 from data_prep.tokenizer import build_tokenizer
-from foresight.attention import use_foresight_attention
+from foresight.engine.attention import use_foresight_attention
 
 torch.set_num_threads(2)
 
@@ -71,9 +71,9 @@ class Killed(Exception):
 
 @contextlib.contextmanager
 def killed_after_checkpoint():
-    """Within the block, ``foresight.atomic.torch_save`` (the training checkpoints' writer) raises right after writing
+    """Within the block, ``foresight.runtime.atomic.torch_save`` (the training checkpoints' writer) raises right after writing
     a checkpoint (a job killed there)."""
-    from foresight import atomic
+    from foresight.runtime import atomic
 
     orig = atomic.torch_save
 

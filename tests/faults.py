@@ -56,7 +56,7 @@ def run(stage: str, root: Path, kill_after: float | None = None) -> tuple[int, f
 
 def result(stage: str, root: Path):
     if stage == "traces":
-        from foresight.trace_data import load_traces
+        from foresight.data.trace_data import load_traces
 
         return load_traces(root / "traces").to_list()
     from safetensors.torch import load_file

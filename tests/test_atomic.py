@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from foresight import atomic
+from foresight.runtime import atomic
 
 
 def test_a_write_that_fails_midway_leaves_the_old_file_and_no_leftover(tmp_path):

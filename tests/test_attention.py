@@ -3,7 +3,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from conftest import tiny_qwen3
-from foresight.attention import foresight_attention
+from foresight.engine.attention import foresight_attention
 
 
 def prefix_logits_change(model, ids):

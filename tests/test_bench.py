@@ -1,7 +1,7 @@
 """`make bench` stays runnable: its rollout rows (single sequence with H2O, a GRPO-style group with learned scorers) on
 the shipped teacher."""
 
-from foresight import bench
+from benchmarks import bench
 
 
 def test_bench_rollout_rows_and_table():
@@ -13,6 +13,6 @@ def test_bench_rollout_rows_and_table():
     for r in single + group:
         assert r["dense_forward_s"] > 0 and r["rollout_s"] > 0
     gen = [{"new_tokens": 8, "policy": "full", "budget": None, "tokens_per_s": 1.0, "cache_bytes": 1, "peak_rss_mb": 1.0}]
-    text = bench.table({"rollout": single, "rollout_group": group, "generation": gen,
+    text = bench.bench_table({"rollout": single, "rollout_group": group, "generation": gen,
                         "scorer_overhead": {"scorer_s": 0.0, "decode_s": 1.0, "scorer_share": 0.0}})
     assert "| 512 | 3 | learned |" in text and "| 512 | 1 | h2o |" in text

@@ -3,11 +3,11 @@ import torch
 from transformers import DynamicCache
 
 from conftest import feed_chunks, tiny_llama, tiny_qwen3
-from foresight.cache import BoundedCache
-from foresight.config import EvictionSettings
-from foresight.generate import generate
+from foresight.engine.cache.bounded import BoundedCache
+from foresight.config.eviction import EvictionSettings
+from foresight.engine.generate import generate
 from foresight.policies import make_policy
-from foresight.rollout import loss_and_entropy, rollout
+from foresight.engine.rollout import loss_and_entropy, rollout
 
 
 @pytest.mark.parametrize("make", [tiny_qwen3, tiny_llama])
@@ -197,7 +197,7 @@ def test_known_full_cache_values_before_the_first_eviction_change_nothing(qwen3)
 def test_statistics_rows_are_only_those_the_policy_reads(qwen3):
     """StreamingLLM reads no statistic: no per-slot statistics buffer at all (it was five rows per query head, 32 GB at
     Qwen3-4B's shape with 128 sequences); H2O keeps the sums only."""
-    from foresight.scorer import LearnedPolicy, bank_for_model
+    from foresight.scorers.bank import LearnedPolicy, bank_for_model
 
     ids = torch.randint(8, 170, (1, 40))
     rows = {}
@@ -215,7 +215,7 @@ def test_candidates_are_counted_once_per_eviction_size_without_padding(qwen3):
     """choose() checks that every row has L candidates (a host sync); without padding the same slots are candidates
     at every eviction of the same size, so the cache counts them only at the first (EvictionSettings.validate already
     refuses a budget too small for sinks + window)."""
-    from foresight.opcount import OpCounter
+    from benchmarks.opcount import OpCounter
 
     ids = torch.randint(8, 170, (1, 48))
     for chunks in (80, 160):

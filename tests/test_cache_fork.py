@@ -1,17 +1,17 @@
-"""A bounded cache forked at its first eviction point (foresight.cache_fork, rollout(prefix=...)): every policy
+"""A bounded cache forked at its first eviction point (foresight.engine.cache.fork, rollout(prefix=...)): every policy
 continues from a shared prefix pass with the losses, slots held and eviction choices of a rollout from token 0."""
 
 import pytest
 import torch
 
-from foresight.cache import BoundedCache
-from foresight.cache_fork import fork, uses_probabilities
-from foresight.config import EvictionSettings
-from foresight.golden import GoldenPolicy, block_pooled_attention
+from foresight.engine.cache.bounded import BoundedCache
+from foresight.engine.cache.fork import fork, uses_probabilities
+from foresight.config.eviction import EvictionSettings
+from foresight.targets.golden import GoldenPolicy, block_pooled_attention
 from foresight.policies import REGISTRY, make_policy
-from foresight.rollout import rollout, shared_prefix
-from foresight.scorer import LearnedPolicy, bank_for_model
-from foresight.statistics import accumulations
+from foresight.engine.rollout import rollout, shared_prefix
+from foresight.scorers.bank import LearnedPolicy, bank_for_model
+from foresight.engine.cache.attention_stats import accumulations
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +140,7 @@ def test_a_fork_that_would_change_the_results_is_refused(setup):
 def test_recorded_chunks_replay_after_a_fork(setup, monkeypatch):
     """``step="graph"``: a forked cache's chunks after the first eviction are recorded and replayed (torch.fx on a CPU,
     the tests' stand-in for CUDA graphs) with the losses of an eager rollout from token 0."""
-    from foresight.recorded import Recording
+    from foresight.engine.recorded import Recording
 
     model, ids, mask, full = setup
     replays = []

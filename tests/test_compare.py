@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from foresight.cli import main
-from foresight.compare import compare, compare_rows
-from foresight.paired import aligned, paired_diff_ci
+from foresight.evaluation.compare import compare, compare_rows
+from foresight.evaluation.paired import aligned, paired_diff_ci
 
 
 def _row(method, budget, evicted, full, low, solved, order=None):
@@ -118,7 +118,7 @@ def test_compare_command_between_two_evaluations(tmp_path, capsys):
 def test_results_table_tells_small_loss_increases_apart():
     """Two low-entropy increases of 0.00097 and 0.0023 (GRPO and SFT on the tiny teacher) print as different numbers;
     fixed 3 decimals printed both as 0.001/0.002 and their intervals as the same cells."""
-    from foresight.report import dloss, results_table
+    from foresight.evaluation.report import dloss, results_table
 
     def row(method, low, ci):
         return {"method": method, "protect_prompt": False, "budget": 320, "interval": 64, "loss_ratio": 2.0,

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from foresight.config import load_recipe
-from foresight.demo import GRPO_SECTIONS, SFT_SECTIONS, main, stale_settings
+from foresight.config.recipe import load_recipe
+from foresight.pipelines.demo import GRPO_SECTIONS, SFT_SECTIONS, main, stale_settings
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "tiny-qwen3.yaml"
 

@@ -1,6 +1,6 @@
 import torch
 
-from foresight.divergence import DivergenceStats, divergence_table, first_divergence
+from foresight.evaluation.divergence import DivergenceStats, divergence_table, first_divergence
 
 
 def test_first_divergence_finds_the_first_differing_new_token():
@@ -37,8 +37,8 @@ def test_eval_finds_where_the_teacher_s_greedy_text_breaks_and_the_loss_there(tm
     look-up; up to there its cache is the teacher-forced rollout's, so the reference token's loss is ≥ ln 2."""
     import math
 
-    from foresight.config import load_recipe
-    from foresight.evaluate import run_eval
+    from foresight.config.recipe import load_recipe
+    from foresight.evaluation.evaluate import run_eval
 
     r = load_recipe("recipes/tiny-qwen3.yaml", ["task.facts=8", "task.variables=4", "task.scratch=0",
                                                 "traces.max_new_tokens=48", "eval.num_problems=2",

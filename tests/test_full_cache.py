@@ -1,17 +1,17 @@
-"""The preallocated full cache (foresight.full_cache): buffers allocated once, attention over the filled part only,
+"""The preallocated full cache (foresight.engine.cache.full): buffers allocated once, attention over the filled part only,
 values those of transformers' DynamicCache."""
 
 import pytest
 import torch
 from transformers import DynamicCache
 
-from foresight.full_cache import PreallocatedCache
-from foresight.generate import generate
+from foresight.engine.cache.full import PreallocatedCache
+from foresight.engine.generate import generate
 
 
 def _keys_seen(model, monkeypatch):
     """Record the key length every attention call of ``model`` reads."""
-    import foresight.attention as attention
+    import foresight.engine.attention as attention
 
     seen = []
     real = attention.sdpa_attention_forward
@@ -44,7 +44,7 @@ def test_decoding_reads_the_filled_prefix_only_and_equals_the_dynamic_cache(qwen
 def test_chunks_with_padding_equal_the_dynamic_cache_bit_for_bit(qwen3):
     """The same keys in the same order reach the same SDPA call, so the logits are DynamicCache's exactly (a
     StaticCache's attention also sums over its empty slots: in bfloat16 SmolLM2's prefill logits moved by up to 0.6)."""
-    from foresight.rollout import forward_chunks
+    from foresight.engine.rollout import forward_chunks
 
     ids = torch.randint(8, 170, (2, 24))
     mask = torch.ones_like(ids, dtype=torch.bool)

@@ -5,7 +5,7 @@ import dataclasses
 
 import torch
 
-from foresight.generate import Decoding, filter_logits, generate, sample_tokens
+from foresight.engine.generate import Decoding, filter_logits, generate, sample_tokens
 
 
 def test_topk_draw_has_the_distribution_of_the_filtered_vocabulary():
@@ -50,8 +50,8 @@ def test_checking_for_eos_every_few_tokens_returns_what_a_check_per_token_return
     """On an accelerator generation asks whether every row has stopped only every EOS_CHECK_EVERY tokens (the
     question is a host sync); the steps it runs past the last EOS are trimmed, so sequences and log-probabilities
     are those of a check at every token (the CPU's), with a bounded cache or the full one."""
-    import foresight.generate as gen_mod
-    from foresight.config import EvictionSettings
+    import foresight.engine.generate as gen_mod
+    from foresight.config.eviction import EvictionSettings
     from foresight.policies import make_policy
 
     ids = torch.randint(8, 170, (1, 10), generator=torch.Generator().manual_seed(3)).expand(3, -1)
@@ -84,9 +84,9 @@ def test_the_vocabulary_projection_of_a_prefill_reads_contiguous_hidden_states(q
     of b copies (SmolLM2, 66 rows in bfloat16: 3.7 GB and 8.9 s per prefill on 2 cores instead of 0.02 s). The
     projection must see contiguous rows, in a generation's prefill (full and bounded cache) and in an evaluation's
     chunks before the first eviction, and give the logits of the whole forward's last position."""
-    from foresight.config import EvictionSettings
+    from foresight.config.eviction import EvictionSettings
     from foresight.policies import make_policy
-    from foresight.rollout import rollout
+    from foresight.engine.rollout import rollout
 
     seen = []
     hook = qwen3.get_output_embeddings().register_forward_pre_hook(

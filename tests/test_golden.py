@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from conftest import eager_attentions
-from foresight.config import EvictionSettings
-from foresight.golden import GoldenPolicy, block_pooled_attention
-from foresight.rollout import rollout
+from foresight.config.eviction import EvictionSettings
+from foresight.targets.golden import GoldenPolicy, block_pooled_attention
+from foresight.engine.rollout import rollout
 
 
 def dense_future(model, ids, B, L, pool):
@@ -34,7 +34,7 @@ def dense_future(model, ids, B, L, pool):
 def blocks_per_chunk(request, monkeypatch):
     """The golden pass runs one block per forward on a CPU and several on an accelerator (as many as its memory
     limit allows): both are checked here, the latter forced on the CPU."""
-    import foresight.golden as golden
+    import foresight.targets.golden as golden
 
     if request.param > 1:
         monkeypatch.setattr(golden, "queries_per_chunk", lambda rows, q_heads, length, interval, device:
@@ -154,8 +154,8 @@ MEMORY_SCRIPT = """
 import resource, torch, sys
 sys.path.insert(0, 'tests')
 from conftest import tiny_qwen3
-from foresight.config import EvictionSettings
-from foresight.golden import block_pooled_attention
+from foresight.config.eviction import EvictionSettings
+from foresight.targets.golden import block_pooled_attention
 torch.set_num_threads(2)
 m = tiny_qwen3()
 S = 6000
@@ -178,8 +178,8 @@ def test_golden_memory_on_a_long_sequence_is_not_quadratic():
 def test_golden_order_is_exact_by_future_score_then_token():
     """No score perturbation: a gap of 1e-5 between future scores decides even between tokens 100,000 apart (a
     1e-9·token tie-break would reverse it), and equal scores go oldest first."""
-    from foresight.view import EvictionView
-    from foresight.selection import select_topk
+    from foresight.engine.view import EvictionView
+    from foresight.engine.selection import select_topk
 
     token = torch.tensor([0, 100_000, 100_001, 100_002]).view(1, 1, 1, 4)
     future = torch.zeros(1, 1, 1, 1, 100_003)  # [b, nl, n_blocks, h, S]

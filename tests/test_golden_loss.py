@@ -1,15 +1,15 @@
-"""Golden pooling ``loss`` (foresight.golden_loss): first-order loss costs of evicting each pair."""
+"""Golden pooling ``loss`` (foresight.targets.golden_loss): first-order loss costs of evicting each pair."""
 
 import pytest
 import torch
 
 from conftest import tiny_qwen3
-from foresight.attention import pooling, use_foresight_attention
-from foresight.config import EvictionSettings
-from foresight.golden import GoldenPolicy, block_pooled_attention
-from foresight.golden_loss import loss_pooled_cost
-from foresight.rollout import rollout
-from foresight.slot_attention import causal_block
+from foresight.engine.attention import pooling, use_foresight_attention
+from foresight.config.eviction import EvictionSettings
+from foresight.targets.golden import GoldenPolicy, block_pooled_attention
+from foresight.targets.golden_loss import loss_pooled_cost
+from foresight.engine.rollout import rollout
+from foresight.engine.cache.slot_attention import causal_block
 
 B, L, S = 16, 8, 40
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from foresight.gpubench.__main__ import main, run
-from foresight.gpubench.rows import CUDA_ONLY, ROWS
-from foresight.gpubench.shapes import BenchSettings, shape_config
-from foresight.gpubench.timing import DECODE_CASES
+from benchmarks.gpubench.__main__ import main, run
+from benchmarks.gpubench.rows import CUDA_ONLY, ROWS
+from benchmarks.gpubench.configs import BenchSettings, shape_config
+from benchmarks.gpubench.timing import DECODE_CASES
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--device", "cpu", "--shape", "tiny", "--lengths", "96,128", "--batches", "1,2", "--new-tokens", "4",
@@ -25,7 +25,7 @@ POSITIVE = {"rollout": ("dense_s", "rollout_s", "ratio"), "group": ("dense_s", "
 
 def test_cpu_smoke_run_writes_every_row(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    res = subprocess.run([sys.executable, "-m", "foresight.gpubench", *SMALL, "--out", str(tmp_path)], capture_output=True,
+    res = subprocess.run([sys.executable, "-m", "benchmarks.gpubench", *SMALL, "--out", str(tmp_path)], capture_output=True,
                          text=True, cwd=ROOT, env=env, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     report = json.loads((tmp_path / "gpubench.json").read_text())

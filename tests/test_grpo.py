@@ -5,13 +5,13 @@ import torch
 
 from conftest import killed_after_checkpoint
 
-from foresight import traces
-from foresight.config import load_recipe
-from foresight.grpo import train_grpo
-from foresight.grpo_objective import clipped_objective, group_advantage
-from foresight.reward import low_entropy_mask, reward
-from foresight.rollout import loss_and_entropy
-from foresight.sft import train_sft
+from foresight.data import traces
+from foresight.config.recipe import load_recipe
+from foresight.training.grpo.stage import train_grpo
+from foresight.training.grpo.objective import clipped_objective, group_advantage
+from foresight.targets.reward import low_entropy_mask, reward
+from foresight.engine.rollout import loss_and_entropy
+from foresight.training.sft import train_sft
 
 SETS = ["task.facts=4", "task.variables=2", "task.filler=0", "task.scratch=0", "traces.num_prompts=6",
         "traces.batch_size=3", "traces.require_correct=false", "traces.min_new_tokens=5", "traces.max_new_tokens=24",
@@ -95,7 +95,7 @@ def test_grpo_runs_checkpoints_and_resumes(tiny_model_dir, tmp_path):
     assert cfg["stage"] == "grpo" and "val_loss_ratio" in cfg["metrics"] and "sft_val_loss_ratio" in cfg["metrics"]
     assert any((tmp_path / "grpo" / "tb").iterdir())
     # the traces it was trained on, by content: its own training split's and its SFT start's
-    from foresight.trace_data import fingerprint, load_traces
+    from foresight.data.trace_data import fingerprint, load_traces
 
     ds = load_traces(tdir)
     sft_seen = json.loads((tmp_path / "sft" / "config.json").read_text())["training_traces"]["traces"]
@@ -113,7 +113,7 @@ def test_grpo_runs_checkpoints_and_resumes(tiny_model_dir, tmp_path):
         assert h["val_loss_ratio_change_lo"] - 1e-4 <= h["val_loss_ratio_change"] <= h["val_loss_ratio_change_hi"] + 1e-4
     assert all(0 <= h["group_overlap"] <= 1 and 0 <= h["flat_groups"] <= 1 for h in hist)
     # the scorers moved away from the SFT start
-    from foresight.checkpoint import load_scorer
+    from foresight.scorers.checkpoint import load_scorer
 
     sft_bank, _ = load_scorer(tmp_path / "sft")
     assert any(not torch.equal(a, b) for a, b in zip(sft_bank.state_dict().values(), bank.state_dict().values()))
@@ -197,7 +197,7 @@ def test_grpo_deepspeed_two_processes_equal_one_process(tiny_model_dir, tmp_path
 
 
 def test_objective_stays_finite_when_an_action_leaves_the_sampling_window():
-    from foresight.selection import NEG
+    from foresight.engine.selection import NEG
 
     x = torch.tensor([NEG, -3.0], requires_grad=True)
     loss, st = clipped_objective(x, torch.tensor([-5.0, -3.0]), torch.tensor([-5.0, -3.0]),
@@ -210,10 +210,10 @@ def test_objective_stays_finite_when_an_action_leaves_the_sampling_window():
 def test_a_group_step_keeps_only_the_window_and_its_log_probability_is_the_behaviour_policy_s(qwen3, ratio):
     """group_rollout stores the scorer inputs of the Top-2L window alone; the objective's log-probability from them
     equals the sampler's own (ratio 1 before any update): the set's, or each draw's in draw order."""
-    from foresight.config import EvictionSettings
-    from foresight.grpo_rollout import group_rollout
-    from foresight.scorer import bank_for_model
-    from foresight.selection import window_draw_logprobs, window_logits, window_set_logprob
+    from foresight.config.eviction import EvictionSettings
+    from foresight.training.grpo.rollout import group_rollout
+    from foresight.scorers.bank import bank_for_model
+    from foresight.engine.selection import window_draw_logprobs, window_logits, window_set_logprob
 
     bank = bank_for_model(qwen3, hidden=8, seed=1)
     settings = EvictionSettings(budget=24, interval=8)
@@ -235,7 +235,7 @@ def test_a_group_step_keeps_only_the_window_and_its_log_probability_is_the_behav
 
 
 def test_evicted_overlap_measures_how_alike_a_group_s_eviction_sets_are():
-    from foresight.grpo_rollout import evicted_overlap
+    from foresight.training.grpo.rollout import evicted_overlap
 
     same = torch.arange(6).view(1, 1, 1, 6).expand(2, 4, 3, 6)  # [nl, G, h, L]: every trajectory evicts 0..5
     assert evicted_overlap(same) == 1.0
@@ -275,7 +275,7 @@ def test_the_default_and_every_shipped_recipe_use_the_ratio_whose_clip_acts():
     own reward within 10 steps): the default and every recipe in recipes/ refine with per-draw ratios."""
     from pathlib import Path
 
-    from foresight.config import GRPOConfig
+    from foresight.config.recipe import GRPOConfig
 
     assert GRPOConfig().ratio == "draw"
     recipes = sorted(Path(__file__).resolve().parents[1].joinpath("recipes").glob("*.yaml"))
@@ -336,7 +336,7 @@ def test_permuted_control_keeps_the_rewards_but_not_which_trajectory_earned_them
 
 
 def test_grpo_budgets_roll_out_each_budget_in_turn(tiny_model_dir, tmp_path, monkeypatch):
-    import foresight.grpo as grpo_mod
+    import foresight.training.grpo.stage as grpo_mod
 
     r = load_recipe("recipes/tiny-qwen3.yaml", [f"model.path={tiny_model_dir}", *SETS, "grpo.steps=2",
                                                 "grpo.budgets=12:4,16:4", "grpo.val_traces=0"])

@@ -1,4 +1,4 @@
-"""The GRPO gradient noise scale (foresight.grpo_noise): the estimator on vectors of known signal and noise, and the
+"""The GRPO gradient noise scale (studies.grpo_noise): the estimator on vectors of known signal and noise, and the
 measurement on a tiny model end to end (files, resume, refusal of other settings)."""
 
 import json
@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from foresight import traces
-from foresight.config import load_recipe
-from foresight.grpo_noise import gram_of, noise_scale, run
-from foresight.sft import train_sft
+from foresight.data import traces
+from foresight.config.recipe import load_recipe
+from studies.grpo_noise import gram_of, noise_scale, run
+from foresight.training.sft import train_sft
 
 SETS = ["task.facts=4", "task.variables=2", "task.filler=0", "task.scratch=0", "traces.num_prompts=8",
         "traces.batch_size=4", "traces.require_correct=false", "traces.min_new_tokens=5", "traces.max_new_tokens=24",

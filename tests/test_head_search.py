@@ -1,14 +1,14 @@
-"""``foresight heads`` (foresight.head_search): the KV heads to keep whole for a method, searched coarse to fine on a
+"""``foresight heads`` (foresight.evaluation.head_search): the KV heads to keep whole for a method, searched coarse to fine on a
 traces folder's validation traces, written unit by unit and resumed after a kill."""
 
 import json
 
 import pytest
 
-from foresight import traces
+from foresight.data import traces
 from foresight.cli import main
-from foresight.config import load_recipe
-from foresight.head_search import HeadSearch, equal_memory_budget, search_heads
+from foresight.config.recipe import load_recipe
+from foresight.evaluation.head_search import HeadSearch, equal_memory_budget, search_heads
 
 SETS = ["task.facts=4", "task.variables=2", "task.filler=0", "task.scratch=0", "traces.num_prompts=8",
         "traces.batch_size=4", "traces.require_correct=false", "traces.min_new_tokens=20", "traces.max_new_tokens=40",
@@ -43,7 +43,9 @@ def test_the_search_measures_groups_layers_and_heads_and_resumes(folder, monkeyp
     # at equal memory and none is recommended
     assert res["equal_memory"] == [] and res["recommended"]["whole_heads"] == [] and res["recommended"]["budget"] == 12
     # a rerun finds every unit in heads.json and rolls nothing out
-    monkeypatch.setattr("foresight.head_search.rollout", lambda *a, **k: (_ for _ in ()).throw(AssertionError("rerun")))
+    def no_rollout(*a, **k):
+        raise AssertionError("rerun")
+    monkeypatch.setattr("foresight.evaluation.head_search.rollout", no_rollout)
     again = search_heads(recipe, tmp / "tr", tmp / "heads", method="tova", budget="12:4", search=search,
                          log=lambda *_: None)
     assert again["ranked_heads"] == res["ranked_heads"] and json.loads((tmp / "heads" / "heads.json").read_text()) == again

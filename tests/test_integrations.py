@@ -2,12 +2,12 @@ import pytest
 import torch
 
 from conftest import tiny_llama, tiny_qwen3
-from foresight.checkpoint import ScorerMismatchError, save_scorer
-from foresight.config import EvictionSettings
-from foresight.generate import generate
+from foresight.scorers.checkpoint import ScorerMismatchError, save_scorer
+from foresight.config.eviction import EvictionSettings
+from foresight.engine.generate import generate
 from foresight.integrations.hf import ForesightCache
-from foresight.models import describe
-from foresight.scorer import LearnedPolicy, bank_for_model
+from foresight.engine.models import describe
+from foresight.scorers.bank import LearnedPolicy, bank_for_model
 
 
 def checkpoint(model, path, features=("key", "value", "attn")):

@@ -5,13 +5,14 @@ import pytest
 import torch
 
 from conftest import eager_attentions, killed_after_checkpoint
-from foresight.cache import BoundedCache
-from foresight.config import EvictionSettings, KVpopConfig
-from foresight.generate import generate
-from foresight.kvpop.scorers import KVpopPolicy, scorer_for_model
-from foresight.kvpop.target import forward_lse, future_attention_mass, kvpop_targets, target_from_mass
-from foresight.kvpop.topk import boundary_pairs, static_priority, topk_recall, topk_sets
-from foresight.rollout import rollout
+from foresight.engine.cache.bounded import BoundedCache
+from foresight.config.eviction import EvictionSettings
+from foresight.config.recipe import KVpopConfig
+from foresight.engine.generate import generate
+from foresight.scorers.kvpop import KVpopPolicy, scorer_for_model
+from foresight.targets.kvpop import forward_lse, future_attention_mass, kvpop_targets, target_from_mass
+from foresight.scorers.kvpop_topk import boundary_pairs, static_priority, topk_recall, topk_sets
+from foresight.engine.rollout import rollout
 
 
 def dense_target(model, ids, window, eps, agg):
@@ -148,12 +149,12 @@ def test_generation_with_kvpop_policy_keeps_sinks_window_and_budget(qwen3, kind)
 
 
 # ------------------------------------------------------------------------------ training, checkpoint, eval
-from foresight import traces  # noqa: E402
-from foresight.checkpoint import load_scorer  # noqa: E402
-from foresight.config import load_recipe  # noqa: E402
-from foresight.evaluate import run_eval  # noqa: E402
+from foresight.data import traces  # noqa: E402
+from foresight.scorers.checkpoint import load_scorer  # noqa: E402
+from foresight.config.recipe import load_recipe  # noqa: E402
+from foresight.evaluation.evaluate import run_eval  # noqa: E402
 from foresight.integrations.hf import ForesightCache  # noqa: E402
-from foresight.kvpop.train import boundary_loss, train_kvpop  # noqa: E402
+from foresight.training.kvpop import boundary_loss, train_kvpop  # noqa: E402
 
 KSETS = ["task.facts=4", "task.variables=2", "task.filler=0", "task.scratch=0", "traces.num_prompts=6",
          "traces.batch_size=3", "traces.require_correct=false", "traces.min_new_tokens=20", "traces.max_new_tokens=24",
@@ -210,7 +211,7 @@ def test_kvpop_sft_trains_saves_resumes_and_evaluates(tiny_model_dir, tmp_path, 
     assert row["mean_cache"] <= 24 and row["loss_ratio"] > 0
     assert (row["recall_at_L"] is None) == (kind == "mlstm")
     # the checkpoint drives plain transformers generate with its own layout
-    from foresight.models import load_model
+    from foresight.engine.models import load_model
 
     model, _ = load_model(r.model)
     cache = ForesightCache.from_pretrained(out, model, budget=20, interval=4)

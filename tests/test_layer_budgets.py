@@ -1,4 +1,4 @@
-"""Per-layer budgets (``cache.layer_budgets``, foresight.layer_budgets): layers get unequal shares of the budget, the
+"""Per-layer budgets (``cache.layer_budgets``, foresight.engine.cache.layer_budgets): layers get unequal shares of the budget, the
 mean staying B. Checked against an independent reference — dense attention in which each layer's queries see exactly
 the keys StreamingLLM keeps at that layer's budget — and by the slots' contents after each eviction."""
 
@@ -11,22 +11,23 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from conftest import tiny_llama, tiny_qwen3
-from foresight.attention import use_foresight_attention
-from foresight.cache import BoundedCache
-from foresight.config import EvictionSettings, load_recipe
-from foresight.eval_resume import eval_identity
-from foresight.evaluate import run_eval
-from foresight.generate import Decoding, generate
-from foresight.layer_budgets import HOLE, budgets, check, parse, weights
+from foresight.engine.attention import use_foresight_attention
+from foresight.engine.cache.bounded import BoundedCache
+from foresight.config.eviction import EvictionSettings
+from foresight.config.recipe import load_recipe
+from foresight.evaluation.resume import eval_identity
+from foresight.evaluation.evaluate import run_eval
+from foresight.engine.generate import Decoding, generate
+from foresight.engine.cache.layer_budgets import HOLE, budgets, check, parse, weights
 from foresight.policies import make_policy
-from foresight.rollout import rollout, shared_prefix
+from foresight.engine.rollout import rollout, shared_prefix
 
 L = 4
 SETTINGS = EvictionSettings(budget=12, interval=L)
 
 
 def test_weights_become_budgets_that_keep_the_mean():
-    assert budgets(["15-24:2"], 128, 30) == [96] * 15 + [192] * 10 + [96] * 5  # session 37's allocation
+    assert budgets(["15-24:2"], 128, 30) == [96] * 15 + [192] * 10 + [96] * 5  # layers 15-24 at twice the others' share
     assert budgets(["*:0.5", "3:1"], 10, 4) == [8, 8, 8, 16]
     b = budgets(["0:1.3", "1-2:0.7"], 13, 5)  # largest remainders: the sum is exactly nl * B
     assert b == [18, 10, 9, 14, 14] and sum(b) == 5 * 13  # 17.98, 9.68, 9.68, 13.83, 13.83 (ties: lower layer)
@@ -200,7 +201,7 @@ def test_eval_gives_every_method_the_recipe_s_layer_budgets(tiny_model_dir, tmp_
 
 
 def test_a_protected_prompt_sits_on_top_of_every_layer_s_own_budget(qwen3):
-    """Session 40's headline configuration: the prompt protected (as random-keep-prompt keeps it), layers at unequal
+    """The recommended SmolLM2 configuration: the prompt protected (as random-keep-prompt keeps it), layers at unequal
     shares and a whole head, together: every layer keeps the whole prompt in every state and at most its own B_l (+ L)
     other pairs; the whole head attends over every pair fed (so the rollout differs from the one without it)."""
     P = 10

@@ -1,27 +1,22 @@
-"""The package's imports point one way (README, "Design"): entry points → stages → training plumbing and
-checkpoints → engine → primitives. Every import counts, those inside functions included; every module has a layer
-(a new module must be placed here); a module imports only its own layer or lower ones, without cycles, and a stage
-never imports another stage."""
+"""The package's folders are its layers, and imports point one way (docs/design.md): a module's layer is its
+top-level folder under ``foresight/`` (``foresight.engine.cache.bounded`` is in ``engine``). Every import counts,
+those inside functions included; a module imports only its own layer or lower ones, without cycles; a stage (a
+command's whole job) never imports another stage; the library never imports the benchmarks or studies beside it."""
 
 import ast
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parents[1] / "foresight"
+import pytest
 
-PRIMITIVES = {"config", "features", "selection", "shapes", "atomic", "handoff", "slot_attention", "statistics", "eviction",
-              "cache_chunks", "cache_attention", "cache_storage", "rope_shift", "kept_queries",
-              "view", "slots", "cache", "attention", "distributed", "reward", "prompts", "trace_data", "validation", "locks",
-              "serving", "layer_handle", "recipe_yaml", "full_cache", "whole_heads", "layer_budgets"}
-ENGINE = {"models", "rollout", "cache_fork", "generate", "static_step", "recorded", "golden", "scorer", "policies", "kvpop.topk",
-          "kvpop.target", "kvpop.scorers", "golden_loss", "block_pooler"}
-PLUMBING = {"training", "checkpoint", "plots", "methods", "references", "report", "divergence", "styles", "completions",
-            "golden_store", "eval_resume", "realbench_report", "paired", "compare", "trace_metrics", "grpo_objective",
-            "grpo_rollout", "grpo_validation", "shared_prefixes", "trace_references", "ranking", "stage_inputs",
-            "realbench_goals", "eval_generation"}
-STAGES = {"traces", "sft", "grpo", "kvpop.train", "evaluate", "head_search"}
-ENTRY = {"", "cli", "__main__", "demo", "bench", "gpubench", "integrations", "kvpop", "opcount", "realbench", "predictability",
-         "grpo_noise"}
-LAYERS = [PRIMITIVES, ENGINE, PLUMBING, STAGES, ENTRY]
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "foresight"
+
+# lowest first; the package's top level (``__init__``, ``cli``, ``__main__``) sits above every folder
+FOLDERS = ["runtime", "config", "policies", "engine", "scorers", "targets", "data", "evaluation", "training",
+           "integrations", "pipelines"]
+STAGES = {"data.traces", "training.sft", "training.grpo.stage", "training.kvpop", "evaluation.evaluate",
+          "evaluation.head_search"}
+MAX_MODULES = 15  # per folder: a reader takes in a folder at a glance
 
 
 def modules() -> dict[str, Path]:
@@ -33,14 +28,27 @@ def modules() -> dict[str, Path]:
 
 
 def layer(name: str) -> int:
-    """A module's layer: its own entry, or its package's (``policies.h2o`` is ``policies``)."""
-    parts = name.split(".")
-    for k in range(len(parts), -1, -1):
-        prefix = ".".join(parts[:k])
-        for i, members in enumerate(LAYERS):
-            if prefix in members:
-                return i
-    raise AssertionError(f"foresight.{name} has no layer: add it to tests/test_layers.py")
+    """A module's layer: the index of its top-level folder; the top-level modules come last."""
+    top = name.split(".")[0]
+    if top in FOLDERS:
+        return FOLDERS.index(top)
+    assert name in ("", "cli", "__main__"), f"foresight.{name}: the top of foresight/ holds only folders, cli and __main__"
+    return len(FOLDERS)
+
+
+def imported(tree: ast.AST, importer: str) -> set[str]:
+    """Every module an AST imports (absolute names), relative imports resolved against ``importer``."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = importer.split(".")[:-node.level]
+                base = ".".join(parent + ([base] if base else []))
+            out |= {base} | {f"{base}.{a.name}" for a in node.names}
+    return out
 
 
 def graph() -> dict[str, set[str]]:
@@ -48,34 +56,31 @@ def graph() -> dict[str, set[str]]:
     g = {}
     for name, f in mods.items():
         deps = set()
-        for node in ast.walk(ast.parse(f.read_text())):
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                targets = [f"{node.module}.{a.name}" for a in node.names] + [node.module]
-            else:
-                continue
-            for t in targets:
-                if t == "foresight" or t.startswith("foresight."):
-                    t = t[len("foresight."):] if t != "foresight" else ""
-                    if t in mods:
-                        deps.add(t)
-                        break
+        for t in imported(ast.parse(f.read_text()), "foresight." + name):
+            if t == "foresight" or t.startswith("foresight."):
+                t = t[len("foresight."):] if t != "foresight" else ""
+                if t in mods:
+                    deps.add(t)
         g[name] = deps - {name}
     return g
 
 
-def test_every_module_has_a_layer():
+def test_every_module_sits_in_a_layer_folder():
     for name in modules():
         layer(name)
+
+
+def test_no_folder_is_crowded():
+    for folder in [p for p in PKG.rglob("*") if p.is_dir() and (p / "__init__.py").exists()]:
+        n = len([f for f in folder.glob("*.py") if f.name != "__init__.py"])
+        assert n <= MAX_MODULES, f"{folder.relative_to(ROOT)} holds {n} modules (at most {MAX_MODULES}): split it by job"
 
 
 def test_imports_point_down_and_stages_stay_apart():
     for name, deps in graph().items():
         for d in deps:
-            assert layer(d) <= layer(name), f"foresight.{name} (layer {layer(name)}) imports foresight.{d} " \
-                                            f"(layer {layer(d)})"
-            if name in STAGES or name.startswith("kvpop.train"):
+            assert layer(d) <= layer(name), f"foresight.{name} imports foresight.{d}, a higher layer"
+            if name in STAGES:
                 assert d not in STAGES, f"the stage foresight.{name} imports the stage foresight.{d}"
 
 
@@ -94,13 +99,25 @@ def test_no_import_cycles():
         visit(m, [m])
 
 
-def test_the_checker_sees_lazy_imports_and_package_imports():
-    src = "def f():\n    from foresight.sft import train_sft\n    from foresight import cache\n"
-    deps = set()
-    for node in ast.walk(ast.parse(src)):
-        if isinstance(node, ast.ImportFrom):
-            deps.add(node.module)
-    assert deps == {"foresight.sft", "foresight"}
+def test_the_library_never_imports_benchmarks_or_studies():
+    for name, f in modules().items():
+        bad = {t for t in imported(ast.parse(f.read_text()), "foresight." + name)
+               if t.split(".")[0] in ("benchmarks", "studies", "tests")}
+        assert not bad, f"foresight.{name} imports {sorted(bad)}"
+
+
+@pytest.mark.parametrize("src, importer, expected", [
+    ("def f():\n    from foresight.training.sft import train_sft\n", "foresight.cli",
+     {"foresight.training.sft", "foresight.training.sft.train_sft"}),
+    ("from . import h2o\n", "foresight.policies.base", {"foresight.policies", "foresight.policies.h2o"}),
+    ("import foresight.engine.rollout as r\n", "foresight.cli", {"foresight.engine.rollout"}),
+])
+def test_the_checker_sees_lazy_relative_and_aliased_imports(src, importer, expected):
+    assert imported(ast.parse(src), importer) == expected
+
+
+def test_the_checker_finds_real_edges():
     g = graph()
-    assert "traces" in g["cli"] or "traces" in g["demo"]  # entry points import stages, lazily
-    assert "cache" in g["rollout"] and layer("policies.h2o") == layer("policies") == 1
+    assert "engine.cache.bounded" in g["engine.rollout"]
+    assert "data.traces" in g["cli"]
+    assert layer("policies.h2o") == layer("policies") < layer("engine.cache.bounded") == layer("engine.rollout")

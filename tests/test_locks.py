@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from foresight.locks import LOCK, OutputBusyError, output_lock
-from foresight.trace_data import load_traces
+from foresight.runtime.locks import LOCK, OutputBusyError, output_lock
+from foresight.data.trace_data import load_traces
 
 HOLD = """
 import sys, time
-from foresight.locks import output_lock
+from foresight.runtime.locks import output_lock
 with output_lock(sys.argv[1], "sft"):
     print("held", flush=True)
     time.sleep(float(sys.argv[2]))
@@ -72,8 +72,8 @@ def test_two_concurrent_traces_runs_into_one_folder(tiny_model_dir, tmp_path):
 def test_an_evaluation_holds_its_folder_for_the_whole_run(tmp_path, monkeypatch):
     """The evaluation holds its output folder while it runs, like every stage (the lock once guarded only the read of
     the finished rows and was gone before the model loaded, so a second evaluation could run into the folder)."""
-    from foresight import evaluate
-    from foresight.config import load_recipe
+    from foresight.evaluation import evaluate
+    from foresight.config.recipe import load_recipe
 
     d = tmp_path / "ev"
 
@@ -96,7 +96,7 @@ def test_the_lock_appears_with_its_holder_written(tmp_path, monkeypatch):
     """The lock file is linked into place already holding its holder (no window where another run reads it empty and
     can only say "another foresight run"); a second creation fails and leaves it intact; no temporary file stays.
     Where hard links are refused, exclusive creation and a write still take it."""
-    from foresight.locks import _create, _holder
+    from foresight.runtime.locks import _create, _holder
 
     lock = tmp_path / LOCK
     seen = []

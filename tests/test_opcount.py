@@ -1,16 +1,16 @@
-"""Machine-independent costs of the engine (issue #16): dispatched operations per chunk and layer beyond a plain
+"""Machine-independent costs of the engine: dispatched operations per chunk and layer beyond a plain
 forward of the same chunks, and the working memory of a chunked prefill. The bounds are today's figures plus a little
 room; a change that adds per-layer Python work or a prompt-sized tensor fails here, on any machine."""
 
 import pytest
 import torch
 
-from foresight import opcount
+from benchmarks import opcount
 
 # measured at the reference shape (4-layer Qwen3, d=256, 8q/4kv, B=256, L=64, 1,024 tokens, chunks of L for both):
 # +1.9, +21.5, +42.7 (before the batched products, the statistics' per-layer views and the eviction's reset instead of
 # gather of the block statistics: +7.5, +42.0, +75.7; before the per-layer views and the statistics rows: +17.7, +51.8,
-# +81.2); issue #16's goals are +10, +30 and +45
+# +81.2); the engine's targets are +10, +30 and +45
 EXTRA_OPS_BOUND = {"streamingllm": 4, "h2o": 24, "learned": 45}
 
 
@@ -52,7 +52,7 @@ def test_the_counter_sees_views_as_free_and_allocations_as_allocations():
 def test_a_full_cache_pass_chunks_its_logits_to_a_fixed_size(qwen3, monkeypatch):
     """A full-cache pass over many rows takes fewer tokens per chunk so that a chunk's logits stay within
     ``MAX_CHUNK_LOGITS`` (48 SmolLM2 references of 1,024 tokens were killed at 24 GB), with the same losses."""
-    from foresight import rollout as ro
+    from foresight.engine import rollout as ro
 
     ids = torch.randint(8, qwen3.config.vocab_size, (6, 96), generator=torch.Generator().manual_seed(0))
     whole = ro.rollout(qwen3, ids)
@@ -68,9 +68,9 @@ def test_a_full_cache_pass_chunks_its_logits_to_a_fixed_size(qwen3, monkeypatch)
 def test_layer_slices_change_no_kept_set(model, monkeypatch):
     """The learned scorer and the window sums computed a slice of layers at a time (forced here: the one-pass limit
     set to 0) keep exactly the pairs of the one-pass computation and give the same losses."""
-    from foresight import features
-    from foresight.config import EvictionSettings
-    from foresight.rollout import rollout
+    from foresight.engine import features
+    from foresight.config.eviction import EvictionSettings
+    from foresight.engine.rollout import rollout
 
     ids = torch.randint(10, 1000, (2, 640), generator=torch.Generator().manual_seed(1))
     policy = opcount.policy_for("learned", model)

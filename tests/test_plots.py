@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from foresight import plots, report, styles
+from foresight.evaluation import plots, report, styles
 
 SCORERS = ["foresight-sft", "foresight-grpo", "kvpop-mlp", "kvpop-mlstm-delayed", "kvpop-mlstm-immediate"]
 
@@ -38,11 +38,13 @@ def test_every_eval_method_has_its_own_style():
 
 def test_unknown_and_suffixed_names_get_deterministic_distinct_styles():
     known = {_key(styles.method_style(n)) for n in eval_methods()}
-    assert styles.method_style("my-policy") == styles.method_style("my-policy")
+    mine = styles.method_style("my-policy")
+    assert _key(mine) not in known and _key(mine) != _key(styles.method_style("your-policy"))  # distinct
+    assert styles.method_style("my-policy") is not mine and styles.method_style("my-policy") == mine  # a fresh equal copy
     assert styles.method_group("my-policy") == "heuristic" and styles.method_group("foresight-rl") == "learned"
     twin = styles.method_style("foresight-sft(run2)")
     assert twin["color"] == styles.method_style("foresight-sft")["color"] and _key(twin) not in known
-    assert twin == styles.method_style("foresight-sft(run2)")
+    assert twin == styles.method_style("foresight-sft(run2)") and _key(twin) != _key(styles.method_style("foresight-sft(run3)"))
 
 
 def fake_rows(budgets=((320, 64), (640, 128), (960, 128)), methods=None) -> list[dict]:

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from foresight.view import EvictionView
-from foresight.features import STAT_NAMES
+from foresight.engine.view import EvictionView
+from foresight.engine.features import STAT_NAMES
 from foresight.policies import make_policy
-from foresight.selection import select_topk
+from foresight.engine.selection import select_topk
 
 
 def view(n=10, g=2, keys=None, **stats):

@@ -1,4 +1,4 @@
-"""The predictability probe (foresight/predictability.py): golden's state at an eviction step, other futures' golden
+"""The predictability probe (studies/realbench/predictability.py): golden's state at an eviction step, other futures' golden
 choices, and the ceiling estimate."""
 
 import json
@@ -7,12 +7,13 @@ import pytest
 import torch
 
 from conftest import tiny_qwen3
-from foresight.config import EvictionSettings, load_recipe
-from foresight.predictability import (Probe, State, at_step, block_futures, compare, continuations, default_position,
+from foresight.config.eviction import EvictionSettings
+from foresight.config.recipe import load_recipe
+from studies.realbench.predictability import (Probe, State, at_step, block_futures, compare, continuations, default_position,
                                       eviction_step_at, golden_state, measure_trace, run, stored_continuations)
-from foresight.generate import Decoding
-from foresight.scorer import bank_for_model
-from foresight.selection import select_topk
+from foresight.engine.generate import Decoding
+from foresight.scorers.bank import bank_for_model
+from foresight.engine.selection import select_topk
 
 SETTINGS = EvictionSettings(budget=16, interval=4, selection="topk")
 
@@ -88,14 +89,15 @@ def test_continuations_keep_the_prefix_and_length():
 def test_continuations_are_stored_and_reused(tmp_path):
     calls = []
 
-    def make():
+    def make():  # another value on every call: only a stored file gives the same one twice
         calls.append(1)
-        return torch.arange(6).view(2, 3)
+        return torch.arange(6).view(2, 3) + 10 * len(calls)
 
     a = stored_continuations(tmp_path, {"k": 1}, make)
     b = stored_continuations(tmp_path, {"k": 1}, make)
     c = stored_continuations(tmp_path, {"k": 2}, make)
-    assert torch.equal(a, b) and torch.equal(a, c) and len(calls) == 2  # the second call read the file
+    assert torch.equal(a, b) and len(calls) == 2  # the second call read the file
+    assert not torch.equal(a, c)  # another key was computed anew
 
 
 def test_run_writes_a_summary_and_resumes(tiny_model_dir, tmp_path, monkeypatch):
@@ -109,7 +111,7 @@ def test_run_writes_a_summary_and_resumes(tiny_model_dir, tmp_path, monkeypatch)
     for b, s in summ["golden"].items():
         assert 0.0 <= s["agreement"] <= 1.0 and s["traces"] >= 1 and "scorer" not in s
     assert (tmp_path / "p" / "summary.md").read_text().startswith("# Predictability")
-    import foresight.predictability as pr
+    import studies.realbench.predictability as pr
 
     def no_more(*a, **k):
         raise AssertionError("a finished trace was measured again")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from data_prep import realbench as rb_prompts
-from foresight.config import load_recipe
+from foresight.config.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,7 +41,7 @@ def test_more_heldout_rows_keep_the_earlier_ones():
 
 
 def test_a_recipe_reading_heldout_rows_as_training_rows_is_refused():
-    from foresight import prompts
+    from foresight.data import prompts
 
     recipe = load_recipe(ROOT / "recipes/smollm2-135m-realbench.yaml", ["traces.num_prompts=300"])
     with pytest.raises(ValueError, match=r"row 264 is a 'heldout' prompt.*traces.num_prompts.*264"):
@@ -54,7 +54,7 @@ def test_a_recipe_reading_heldout_rows_as_training_rows_is_refused():
 def test_heldout_rows_do_not_move_with_the_number_of_training_prompts(tmp_path):
     """Traces from part of the training rows are evaluated on the dataset's held-out rows; a dataset without a
     ``split`` column holds out the rows after the training prompts."""
-    from foresight import prompts
+    from foresight.data import prompts
 
     R = ROOT / "recipes/smollm2-135m-realbench.yaml"
     every = [p.index for p in prompts.heldout_prompts(load_recipe(R), 3)]
@@ -72,7 +72,7 @@ def _row(method, B, lr, ci, low=0.1, low_ci=(0.09, 0.11)):
 
 
 def test_goal_checks_compare_intervals_and_twice_the_budget():
-    from foresight.realbench_goals import goal_checks, grpo_vs_sft
+    from studies.realbench.goals import goal_checks, grpo_vs_sft
 
     rows = [_row("foresight-sft", 128, 1.10, (1.08, 1.12), 0.2, (0.18, 0.22)),
             _row("foresight-grpo", 128, 1.12, (1.09, 1.15), 0.1, (0.09, 0.11)),
@@ -103,8 +103,8 @@ def test_paired_difference_separates_what_trace_difficulty_hides():
     """Two methods on the same 40 traces of very different difficulty: each one's own interval is wide and they
     overlap, but the learned one is lower on every trace, which the paired interval of the difference shows; the
     traces are matched by their full-cache loss whatever order the rows list them in."""
-    from foresight.realbench_goals import goal_checks
-    from foresight.report import bootstrap_ci, paired_ratio_diff_ci
+    from studies.realbench.goals import goal_checks
+    from foresight.evaluation.report import bootstrap_ci, paired_ratio_diff_ci
 
     rng = np.random.default_rng(0)
     full = rng.uniform(50, 500, 40).round(3)
@@ -128,8 +128,8 @@ def test_paired_difference_separates_what_trace_difficulty_hides():
 def test_ablation_and_sampler_tables_pair_each_row_with_the_main_one():
     """Each SFT variant's loss ratio minus the main scorer's, and each sampler's minus the main sampler's for the same
     scorer, with the paired interval on the same traces; the reference method is golden only when recall is measured."""
-    from foresight import realbench
-    from foresight.realbench_report import ablation_table, sampler_table
+    from studies.realbench import run as realbench
+    from studies.realbench.report import ablation_table, sampler_table
 
     full = [10.0, 20.0, 30.0, 40.0]
 
@@ -157,7 +157,7 @@ def test_ablation_and_sampler_tables_pair_each_row_with_the_main_one():
 
 def test_realbench_runs_end_to_end_and_resumes(tiny_model_dir, tmp_path, monkeypatch):
     """Every stage on a tiny model and short traces; a second run trains and evaluates nothing again."""
-    from foresight import realbench
+    from studies.realbench import run as realbench
 
     monkeypatch.setenv("FORESIGHT_CACHE", str(tmp_path / "cache"))
     sets = (f"model.path={tiny_model_dir}", "task.facts=4", "task.variables=2", "task.scratch=0",
@@ -209,7 +209,7 @@ def test_paired_difference_matches_traces_that_share_a_full_cache_loss():
     """Two held-out traces with the same full-cache loss (to 4 digits) cannot be told apart by it: with the trace
     ids an evaluation now records they pair exactly, whatever the order; without ids, the same list in the same order
     pairs by position; otherwise no interval rather than a wrong one."""
-    from foresight.report import paired_ratio_diff_ci
+    from foresight.evaluation.report import paired_ratio_diff_ci
 
     full = [10.0, 10.0, 20.0, 30.0]
     a = {"evicted_loss": [11.0, 15.0, 21.0, 33.0], "full_loss": full, "trace": [0, 1, 2, 3]}
@@ -226,9 +226,9 @@ def test_paired_difference_matches_traces_that_share_a_full_cache_loss():
 def test_a_report_of_an_evaluation_alone_says_it_has_no_training_traces(tmp_path):
     """The report stage on a folder that holds only an evaluation (given scorers, more held-out references): goal
     checks from its rows, and no made-up training-trace figures."""
-    from foresight import atomic
-    from foresight.realbench import SAMPLERS, SFT_ABLATIONS
-    from foresight.realbench_report import write_report
+    from foresight.runtime import atomic
+    from studies.realbench.run import SAMPLERS, SFT_ABLATIONS
+    from studies.realbench.report import write_report
 
     extra = {"protect_prompt": False, "high_entropy_loss_increase": 0.2, "accuracy": None, "n_samples": 0,
              "mean_cache": 150.0, "keep_recall": None}

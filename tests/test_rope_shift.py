@@ -1,11 +1,11 @@
-"""foresight.rope_shift: a post-RoPE query rotated by Δ is the model's own query at position + Δ."""
+"""foresight.engine.cache.rope_shift: a post-RoPE query rotated by Δ is the model's own query at position + Δ."""
 
 import pytest
 import torch
 from transformers import GPT2Config, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from foresight import rope_shift
+from foresight.engine.cache import rope_shift
 
 
 def _check(model, config, dtype=torch.float32):

@@ -1,4 +1,4 @@
-"""The scorer bank's arithmetic: the fast path (a batched product written out instead of an einsum, issue #16) must give
+"""The scorer bank's arithmetic: the fast path (a batched product written out instead of an einsum) must give
 the scores and gradients of the plain formulation bit for bit, so that no kept set of a trained scorer moves."""
 
 import dataclasses
@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from foresight.scorer import ACTIVATIONS, ScorerBank
+from foresight.scorers.bank import ACTIVATIONS, ScorerBank
 
 
 def einsum_reference(bank: ScorerBank, layers: slice, x: torch.Tensor) -> torch.Tensor:
@@ -38,8 +38,8 @@ def test_forward_layers_is_bit_identical_to_the_einsum_formulation(activation, b
 
 def hand_view(seen: int = 40, nl: int = 3, b: int = 2, h: int = 2, g: int = 2, n: int = 9, d: int = 8):
     """An eviction view with random keys, values and statistics, its slots holding scattered token indices."""
-    from foresight.features import STAT_NAMES
-    from foresight.view import EvictionView
+    from foresight.engine.features import STAT_NAMES
+    from foresight.engine.view import EvictionView
 
     gen = torch.Generator().manual_seed(seen)
     token = torch.sort(torch.randperm(seen, generator=gen)[:n]).values.expand(nl, b, h, n).clone()
@@ -69,8 +69,8 @@ def test_an_age_scorer_reads_log_one_plus_each_slot_s_age_last():
 
 def test_an_age_scorer_scores_the_same_one_layer_at_a_time(monkeypatch):
     """The policy's layer-sliced path (a large model's) passes each slice its own ages."""
-    from foresight import features
-    from foresight.scorer import LearnedPolicy
+    from foresight.engine import features
+    from foresight.scorers.bank import LearnedPolicy
 
     view = hand_view()
     bank = ScorerBank(3, 2, 8, 2, hidden=8, features=("key", "value", "attn", "age"), seed=4)
@@ -84,7 +84,7 @@ def test_an_age_scorer_scores_the_same_one_layer_at_a_time(monkeypatch):
 
 
 def test_head_mean_averages_each_token_over_the_kv_heads_that_hold_it():
-    from foresight.features import head_mean
+    from foresight.engine.features import head_mean
 
     gen = torch.Generator().manual_seed(5)
     lead, h, n, S, seen = (2, 3), 4, 6, 5, 11
@@ -111,9 +111,9 @@ def test_a_heads_scorer_reads_the_other_kv_heads_statistics_of_the_same_token(mo
     """`heads`: 8 more inputs, the group-mean log-statistics averaged over the KV heads holding the token; changing
     another head's statistics of a shared token changes them, of a token that head alone holds does not; the
     layer-sliced path gives the same scores."""
-    from foresight import features
-    from foresight.features import STAT_NAMES
-    from foresight.scorer import LearnedPolicy
+    from foresight.engine import features
+    from foresight.engine.features import STAT_NAMES
+    from foresight.scorers.bank import LearnedPolicy
 
     view = hand_view()
     view.token[:, :, 1] = torch.roll(view.token[:, :, 1], 1, dims=-1)  # head 1 holds the tokens in other slots
@@ -145,6 +145,6 @@ def test_a_heads_scorer_reads_the_other_kv_heads_statistics_of_the_same_token(mo
 
 
 def test_head_mean_of_no_slots_is_empty():
-    from foresight.features import head_mean
+    from foresight.engine.features import head_mean
 
     assert head_mean(torch.zeros(2, 3, 0, 8), torch.zeros(2, 3, 0, dtype=torch.long)).shape == (2, 3, 0, 8)

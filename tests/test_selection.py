@@ -2,7 +2,7 @@ import math
 
 import torch
 
-from foresight.selection import (brute_force_set_logprob, candidate_window, kept_slots, ordered_logprob, sample_top2l,
+from foresight.engine.selection import (brute_force_set_logprob, candidate_window, kept_slots, ordered_logprob, sample_top2l,
                                  select_topk, set_logprob)
 
 
@@ -81,7 +81,7 @@ def test_ties_are_broken_towards_the_oldest_slot_on_every_device():
     """Max-pooled scores (SnapKV, R-KV) tie between neighbours; ``topk`` breaks ties as each kernel happens to (on
     this CPU it returned slots 198, 200, 199, ... of 300 equal scores), so CPU and GPU kept different pairs. A stable
     order evicts the oldest of equal candidates, the same everywhere."""
-    from foresight.selection import candidate_window, select_topk
+    from foresight.engine.selection import candidate_window, select_topk
 
     flat = torch.zeros(2, 300)
     ok = torch.ones(2, 300, dtype=torch.bool)
@@ -93,7 +93,7 @@ def test_ties_are_broken_towards_the_oldest_slot_on_every_device():
 
 
 def test_multinomial_draws_from_every_candidate_and_never_a_protected_slot():
-    from foresight.selection import choose
+    from foresight.engine.selection import choose
 
     scores = torch.arange(40, dtype=torch.float32).expand(2, 40) / 100  # nearly flat: every candidate is likely
     evictable = torch.ones(2, 40, dtype=torch.bool)

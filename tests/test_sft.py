@@ -6,11 +6,11 @@ import sys
 import pytest
 import torch
 
-from foresight import traces
-from foresight.checkpoint import load_scorer
-from foresight.config import load_recipe
-from foresight.ranking import lost_future
-from foresight.sft import pairwise_hinge, recall_at_l, train_sft
+from foresight.data import traces
+from foresight.scorers.checkpoint import load_scorer
+from foresight.config.recipe import load_recipe
+from foresight.training.ranking import lost_future
+from foresight.training.sft import pairwise_hinge, recall_at_l, train_sft
 
 SETS = ["task.facts=4", "task.variables=2", "task.filler=0", "task.scratch=0", "traces.num_prompts=6",
         "traces.batch_size=3", "traces.require_correct=false", "traces.min_new_tokens=5", "traces.max_new_tokens=24",
@@ -112,7 +112,7 @@ def test_boundary_pairs_count_only_the_golden_set_against_the_rest():
 
 def test_sft_leaves_kvpop_to_its_own_stage_and_refuses_unknown_objectives(tmp_path):
     r = load_recipe("recipes/tiny-qwen3.yaml", ["sft.objective=kvpop"])
-    with pytest.raises(ValueError, match="trained by foresight.kvpop.train.train_kvpop"):
+    with pytest.raises(ValueError, match="trained by foresight.training.kvpop.train_kvpop"):
         train_sft(r, tmp_path / "traces", tmp_path / "out", progress=False, log=lambda *_: None)
     with pytest.raises(ValueError, match="sft.objective='ranknet': must be one of foresight, kvpop"):
         load_recipe("recipes/tiny-qwen3.yaml", ["sft.objective=ranknet"])
@@ -137,7 +137,7 @@ def test_sft_trains_saves_and_resumes_exactly(sft_setup, tmp_path):
     # kill after step 3 (the checkpoint at step 3 exists), resume: identical final weights
     out2 = tmp_path / "sft2"
     r3 = load_recipe("recipes/tiny-qwen3.yaml", [f"model.path={r.model.path}", *SETS, "sft.steps=6", "sft.snapshots=true"])
-    from foresight import atomic
+    from foresight.runtime import atomic
 
     class Kill(Exception):
         pass
@@ -231,10 +231,10 @@ def test_resume_checks_what_it_resumes(sft_setup, tmp_path):
 def test_stored_golden_examples_are_the_run_s_own_and_shared_between_runs(sft_setup, tmp_path, monkeypatch):
     """sft.example_steps: the stored steps equal golden_examples' (inputs to float16), a scorer with fewer features
     reads its own columns, and a second SFT run computes nothing."""
-    from foresight.golden_store import GoldenStore, golden_examples
-    from foresight.models import load_model
-    from foresight.scorer import bank_for_model
-    from foresight.trace_data import load_traces
+    from foresight.training.golden_store import GoldenStore, golden_examples
+    from foresight.engine.models import load_model
+    from foresight.scorers.bank import bank_for_model
+    from foresight.data.trace_data import load_traces
 
     monkeypatch.setenv("FORESIGHT_CACHE", str(tmp_path / "cache"))
     r, tdir = sft_setup
@@ -278,13 +278,13 @@ def test_stored_golden_examples_are_the_run_s_own_and_shared_between_runs(sft_se
                                                  "scorer.features=[attn]", "scorer.hidden=8"])
     _, m = train_sft(r3, tdir, tmp_path / "b", progress=False, log=lambda *_: None)
     assert {p: p.stat().st_mtime_ns for p in files} == stamps  # shared, not recomputed
-    assert m["val_recall_at_L"] >= 0
+    assert 0 < m["val_recall_at_L"] <= 1
 
 
 def test_example_seed_lets_another_sft_seed_reuse_the_stored_examples(sft_setup, tmp_path, monkeypatch):
     """sft.example_seed: a second SFT seed that keeps the first's example seed reads the stored golden examples (none
     computed) and still trains another scorer; without it, the seed picks other steps, in a store of its own."""
-    from foresight.checkpoint import load_scorer
+    from foresight.scorers.checkpoint import load_scorer
 
     monkeypatch.setenv("FORESIGHT_CACHE", str(tmp_path / "cache"))
     r, tdir = sft_setup
@@ -311,12 +311,12 @@ def test_example_seed_lets_another_sft_seed_reuse_the_stored_examples(sft_setup,
 def test_onpolicy_states_follow_the_scorer_with_golden_labels(sft_setup, tmp_path, monkeypatch):
     """sft.onpolicy (a DAgger round): the store follows the given scorer's own top-L trajectory and labels its states
     with golden's future scores; SFT starts from that scorer and adds those states; bad settings are refused."""
-    from foresight.golden import GoldenPolicy, block_pooled_attention
-    from foresight.golden_store import GoldenStore
-    from foresight.models import load_model
-    from foresight.rollout import rollout
-    from foresight.scorer import LearnedPolicy
-    from foresight.trace_data import load_traces
+    from foresight.targets.golden import GoldenPolicy, block_pooled_attention
+    from foresight.training.golden_store import GoldenStore
+    from foresight.engine.models import load_model
+    from foresight.engine.rollout import rollout
+    from foresight.scorers.bank import LearnedPolicy
+    from foresight.data.trace_data import load_traces
 
     monkeypatch.setenv("FORESIGHT_CACHE", str(tmp_path / "cache"))
     r, tdir = sft_setup
@@ -361,12 +361,12 @@ def test_several_training_budgets_average_their_losses(sft_setup, tmp_path, monk
     """sft.budgets: each budget's golden examples are stored on their own, the training loss is the mean of the
     budgets' losses (a one-budget run's loss is that budget's), each budget's validation recall is reported, and bad
     settings are refused."""
-    from foresight.golden_store import GoldenStore
-    from foresight.models import load_model
-    from foresight.scorer import bank_for_model
-    from foresight.sft import budgets_loss, example_loss, training_settings
-    from foresight.trace_data import load_traces
-    from foresight.validation import RecipeError
+    from foresight.training.golden_store import GoldenStore
+    from foresight.engine.models import load_model
+    from foresight.scorers.bank import bank_for_model
+    from foresight.training.sft import budgets_loss, example_loss, training_settings
+    from foresight.data.trace_data import load_traces
+    from foresight.config.checks import RecipeError
 
     monkeypatch.setenv("FORESIGHT_CACHE", str(tmp_path / "cache"))
     r, tdir = sft_setup

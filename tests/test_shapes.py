@@ -1,5 +1,5 @@
 from conftest import tiny_llama, tiny_qwen3
-from foresight.shapes import AttentionShape
+from foresight.engine.attention_shape import AttentionShape
 
 
 def test_attention_shape_of_qwen3_and_llama_configs():

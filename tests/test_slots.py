@@ -1,6 +1,6 @@
 import torch
 
-from foresight.slots import SlotStore
+from foresight.engine.cache.slots import SlotStore
 
 
 def test_gather_keeps_the_chosen_slots_in_order_and_empties_the_rest():

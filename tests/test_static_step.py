@@ -1,4 +1,4 @@
-"""The capturable decoding step (issue #16, item 3): static shapes and positions on the device, recorded once and
+"""The capturable decoding step: static shapes and positions on the device, recorded once and
 replayed. A CUDA graph cannot be made on a CPU; its stand-in here is a ``torch.fx`` recording of the same step (every
 Python value of the recording baked in, the aten operations replayed on the live buffers), which fails the same way a
 graph would if the step read host state that changes from one token to the next."""
@@ -6,13 +6,13 @@ graph would if the step read host state that changes from one token to the next.
 import pytest
 import torch
 
-from foresight.config import EvictionSettings
-from foresight.generate import Decoding, generate
+from foresight.config.eviction import EvictionSettings
+from foresight.engine.generate import Decoding, generate
 from foresight.policies import make_policy
 from foresight.policies.base import Policy
-from foresight.rollout import forward_chunks, make_cache
-from foresight.scorer import LearnedPolicy, bank_for_model
-from foresight.static_step import SYNC_OPS, StaticDecoder
+from foresight.engine.rollout import forward_chunks, make_cache
+from foresight.scorers.bank import LearnedPolicy, bank_for_model
+from foresight.engine.static_step import SYNC_OPS, StaticDecoder
 from tests.conftest import tiny_qwen3
 
 SETTINGS = EvictionSettings(budget=24, interval=8)
@@ -123,8 +123,8 @@ def test_recorded_rollout_chunks_equal_the_eager_rollout(model, policy, monkeypa
     """Every chunk after the first eviction has the same host-visible state, so it is recorded once and replayed; the
     teacher-forced losses, entropies and slots held are bit-identical to the eager rollout's, with and without
     padding, with top-L and with the seeded Top-2L sampler (the eviction runs between replays, on the host)."""
-    from foresight.recorded import Recording
-    from foresight.rollout import rollout
+    from foresight.engine.recorded import Recording
+    from foresight.engine.rollout import rollout
 
     replays = []
     replay = Recording.replay
@@ -146,10 +146,10 @@ def test_recorded_rollout_chunks_equal_the_eager_rollout(model, policy, monkeypa
 def test_the_recipes_model_step_reaches_the_drivers(tiny_model_dir, monkeypatch):
     """``model.step: graph`` in a recipe makes every rollout and generation of that model record its steps (the
     stages pass the model, not the setting); a call may still ask for eager; an unknown step is refused."""
-    from foresight.config import ModelConfig
-    from foresight.models import load_model
-    from foresight.recorded import Recording
-    from foresight.rollout import rollout
+    from foresight.config.recipe import ModelConfig
+    from foresight.engine.models import load_model
+    from foresight.engine.recorded import Recording
+    from foresight.engine.rollout import rollout
 
     with pytest.raises(ValueError, match="model.step must be one of"):
         load_model(ModelConfig(path=str(tiny_model_dir), step="compiled"))

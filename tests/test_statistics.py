@@ -1,16 +1,17 @@
-"""The statistics a bounded cache accumulates (foresight.statistics): equal to dense attention, deferred decoding
+"""The statistics a bounded cache accumulates (foresight.engine.cache.attention_stats): equal to dense attention, deferred
+decoding
 statistics equal to chunked ones, fast paths equal to the fully masked ones, only what a policy declares."""
 
 import pytest
 import torch
 
 from conftest import feed_chunks, tiny_qwen3
-from foresight.cache import BoundedCache
-from foresight.config import EvictionSettings
-from foresight.features import STAT_NAMES
+from foresight.engine.cache.bounded import BoundedCache
+from foresight.config.eviction import EvictionSettings
+from foresight.engine.features import STAT_NAMES
 from foresight.policies import make_policy
 from foresight.policies.base import Policy
-from foresight.rollout import rollout
+from foresight.engine.rollout import rollout
 
 
 class _ReadsAll(Policy):
@@ -63,7 +64,7 @@ def test_ahead_statistics_are_the_recent_queries_attention_at_later_positions():
     projections and rotary embedding at their positions + Δ (each over the keys up to its own token)."""
     from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
 
-    from foresight.features import AHEAD_NAMES, AHEAD_SHIFTS
+    from foresight.engine.features import AHEAD_NAMES, AHEAD_SHIFTS
 
     m = tiny_qwen3()
     B, L = 40, 32
@@ -121,7 +122,7 @@ def test_fast_causal_path_equals_fully_masked_path(B, L, monkeypatch):
     padded batches take (chunks and replayed decoding queries alike). With L >= 32 the window sums take their own
     fast path too (the 32 kept queries are then the newest 32 slots, which the protected window never evicts: no
     device-side check, no host sync); with L < 32 that is checked at each eviction."""
-    from foresight import kept_queries
+    from foresight.engine.cache import kept_queries
 
     checks = []
     check = kept_queries.newest_are_recent

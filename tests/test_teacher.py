@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from data_prep import ledger
-from foresight.config import ModelConfig
-from foresight.generate import Decoding, generate
-from foresight.models import ASSETS, load_model
+from foresight.config.recipe import ModelConfig
+from foresight.engine.generate import Decoding, generate
+from foresight.engine.models import ASSETS, load_model
 
 
 def test_shipped_teacher_is_a_real_qwen3_with_gqa_and_qk_norms():

@@ -1,6 +1,6 @@
 import pytest
 
-from foresight.trace_data import TraceDataError, load_traces
+from foresight.data.trace_data import TraceDataError, load_traces
 
 
 def test_load_traces_rejects_malformed(tmp_path):
@@ -32,7 +32,7 @@ def test_a_kill_while_publishing_leaves_the_old_or_the_new_dataset(tmp_path, mon
     import os
     import shutil
 
-    from foresight import trace_data
+    from foresight.data import trace_data
 
     datasets.Dataset.from_list([ROW]).save_to_disk(str(tmp_path / "dataset"))  # a folder from before versions
     new = dict(ROW, input_ids=[4, 5, 6, 7], token_loss=[0.0] * 4, token_entropy=[0.0] * 4)
@@ -68,7 +68,7 @@ def test_a_kill_while_publishing_leaves_the_old_or_the_new_dataset(tmp_path, mon
 
 
 def test_leftovers_of_killed_runs_are_cleaned_when_a_run_takes_the_folder(tmp_path):
-    from foresight.locks import output_lock
+    from foresight.runtime.locks import output_lock
 
     (tmp_path / "parts").mkdir()
     for name in (".meta.json.x1y2.tmp", "parts/.prompts-0000000-0000002.json.abc.tmp", "state.pt.tmp4242"):
@@ -87,7 +87,7 @@ def test_training_fingerprints_name_the_trained_traces_and_prompts_and_keep_an_i
     import datasets
     import torch
 
-    from foresight.trace_data import fingerprint, training_fingerprints
+    from foresight.data.trace_data import fingerprint, training_fingerprints
 
     rows = {"input_ids": [[1, 2, 3, 4], [1, 2, 9, 9], [5, 6, 7, 8]], "prompt_len": [2, 2, 2]}
     ds = datasets.Dataset.from_dict(rows)

@@ -4,11 +4,11 @@ import os
 import pytest
 import torch
 
-from foresight import traces
-from foresight.config import load_recipe
-from foresight.models import load_model
-from foresight.rollout import loss_and_entropy
-from foresight.trace_data import TraceDataError, load_traces
+from foresight.data import traces
+from foresight.config.recipe import load_recipe
+from foresight.engine.models import load_model
+from foresight.engine.rollout import loss_and_entropy
+from foresight.data.trace_data import TraceDataError, load_traces
 
 
 def recipe_for(model_dir, **extra):

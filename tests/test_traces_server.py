@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from foresight import traces
-from foresight.config import load_recipe
-from foresight.models import resolve_path
-from foresight.serving import ServerClient, ServerError
-from foresight.trace_data import load_traces
+from foresight.data import traces
+from foresight.config.recipe import load_recipe
+from foresight.engine.models import resolve_path
+from foresight.data.openai_client import ServerClient, ServerError
+from foresight.data.trace_data import load_traces
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")

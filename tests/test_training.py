@@ -5,12 +5,12 @@ import pytest
 import torch
 
 from conftest import killed_after_checkpoint, tiny_qwen3
-from foresight import atomic
-from foresight.checkpoint import load_scorer
-from foresight.config import GRPOConfig, SFTConfig, load_recipe
-from foresight.scorer import bank_for_model
-from foresight.stage_inputs import split_traces
-from foresight.training import TrainPlan, finish_run, full_state_dict, load_checkpoint, lr_lambda, mean_step, \
+from foresight.runtime import atomic
+from foresight.scorers.checkpoint import load_scorer
+from foresight.config.recipe import GRPOConfig, SFTConfig, load_recipe
+from foresight.scorers.bank import bank_for_model
+from foresight.data.stage_inputs import split_traces
+from foresight.training.runs import TrainPlan, finish_run, full_state_dict, load_checkpoint, lr_lambda, mean_step, \
     optimizer_step, progress_bar, save_progress, setup_training, summary_writer, train_plan
 
 
@@ -173,8 +173,8 @@ def test_finish_run_writes_the_standalone_checkpoint_and_rank_weights(tmp_path):
 
 
 def test_a_checkpoint_from_before_a_recipe_field_existed_resumes_at_its_default():
-    from foresight.config import load_recipe
-    from foresight.training import identity_changes, run_identity
+    from foresight.config.recipe import load_recipe
+    from foresight.training.runs import identity_changes, run_identity
 
     now = run_identity(load_recipe("recipes/tiny-qwen3.yaml"), ("sft",), None)
     old = {"recipe": {"sft": {k: v for k, v in now["recipe"]["sft"].items() if k != "budgets"}}, "traces": None}

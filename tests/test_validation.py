@@ -1,7 +1,7 @@
 import pytest
 
-from foresight.config import RecipeError, load_recipe
-from foresight.validation import parse_budgets
+from foresight.config.recipe import RecipeError, load_recipe
+from foresight.config.checks import parse_budgets
 
 R = "recipes/tiny-qwen3.yaml"
 
@@ -46,7 +46,7 @@ def test_every_problem_is_named_at_once_and_good_recipes_pass(tmp_path):
 
 
 def test_eval_methods_are_checked_before_any_work():
-    from foresight.methods import check_names
+    from foresight.evaluation.methods import check_names
 
     with pytest.raises(ValueError, match="no evaluation method"):
         check_names(",".split(","))

@@ -1,6 +1,6 @@
 import torch
 
-from foresight.view import LazyStats, candidates
+from foresight.engine.view import LazyStats, candidates
 
 
 def test_candidates_protect_window_sinks_prefix_and_padding():

@@ -1,4 +1,4 @@
-"""Whole heads (``cache.whole_heads``, foresight.whole_heads): chosen KV heads keep every pair while the others are
+"""Whole heads (``cache.whole_heads``, foresight.engine.cache.whole_heads): chosen KV heads keep every pair while the others are
 bounded. With every head whole the bounded cache must compute what the full cache does; with one, that head's store
 must hold exactly the full cache's pairs, and the memory it holds must be counted."""
 
@@ -6,14 +6,15 @@ import pytest
 import torch
 
 from conftest import tiny_llama, tiny_qwen3
-from foresight.cache import BoundedCache
-from foresight.config import EvictionSettings, load_recipe
-from foresight.eval_resume import eval_identity
-from foresight.generate import generate
+from foresight.engine.cache.bounded import BoundedCache
+from foresight.config.eviction import EvictionSettings
+from foresight.config.recipe import load_recipe
+from foresight.evaluation.resume import eval_identity
+from foresight.engine.generate import generate
 from foresight.policies import make_policy
-from foresight.rollout import rollout, shared_prefix
-from foresight.static_step import StaticDecoder
-from foresight.whole_heads import parse
+from foresight.engine.rollout import rollout, shared_prefix
+from foresight.engine.static_step import StaticDecoder
+from foresight.engine.cache.whole_heads import parse
 
 SMALL = EvictionSettings(budget=16, interval=4)
 

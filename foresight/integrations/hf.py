@@ -10,7 +10,7 @@ evicts deterministically (top-L) unless ``selection="sample"`` asks for the pape
 Works for any model whose attention goes through transformers' cache and attention registries (Qwen3,
 Qwen2, Llama, ...). Note: transformers' ``generate`` prefills the whole prompt in one forward pass, so a
 prompt longer than the budget is held in full until the first decoding step evicts it down to B; use
-:func:`foresight.generate.generate` for chunked prefill with bounded peak memory.
+:func:`foresight.engine.generate.generate` for chunked prefill with bounded peak memory.
 """
 
 from __future__ import annotations
@@ -19,21 +19,21 @@ from pathlib import Path
 
 import torch
 
-from foresight.attention import use_foresight_attention
-from foresight.cache import BoundedCache
-from foresight.checkpoint import load_scorer, policy_from_checkpoint
-from foresight.config import EvictionSettings
+from foresight.engine.attention import use_foresight_attention
+from foresight.engine.cache.bounded import BoundedCache
+from foresight.scorers.checkpoint import load_scorer, policy_from_checkpoint
+from foresight.config.eviction import EvictionSettings
 
 
 class ForesightCache(BoundedCache):
-    """A :class:`~foresight.cache.BoundedCache` driven by trained scorers (ForesightKV, or KVpop with its own
+    """A :class:`~foresight.engine.cache.bounded.BoundedCache` driven by trained scorers (ForesightKV, or KVpop with its own
     sinks and window)."""
 
     @classmethod
     def from_pretrained(cls, scorer_dir: str | Path, model, settings: EvictionSettings | None = None,
                         seed: int | None = None, **changes) -> "ForesightCache":
         """``settings``: default the checkpoint's B, L and sinks with top-L selection; ``changes``: fields of
-        :class:`~foresight.config.EvictionSettings` to override (``budget=320, interval=64, selection="sample"``,
+        :class:`~foresight.config.eviction.EvictionSettings` to override (``budget=320, interval=64, selection="sample"``,
         ...). ``seed``: seeds the sampler."""
         bank, cfg = load_scorer(scorer_dir, model, device=next(model.parameters()).device)
         use_foresight_attention(model)

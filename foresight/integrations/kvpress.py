@@ -13,7 +13,7 @@ Use it inside kvpress's ``DecodingPress`` (compression every L decoding steps do
 
 kvpress hands a press the buffered hidden states of the decoding steps since the last compression; the press
 recomputes their queries (q-projection, q-norm, RoPE at their positions), their attention to the cached keys,
-and from it the statistics of :mod:`foresight.features` (block max/min/sum, last-8/16/32 sums; for a scorer that
+and from it the statistics of :mod:`foresight.engine.features` (block max/min/sum, last-8/16/32 sums; for a scorer that
 reads ``ahead``, the last 32 queries' attention rotated 16–128 positions on). The running
 cumulative and decayed sums are carried by the press across compressions (they count decoding queries only:
 kvpress does not expose the prompt's attention), and so are the kept pairs' positions (for a scorer that reads their
@@ -30,9 +30,9 @@ import torch
 from kvpress.presses.scorer_press import ScorerPress
 from kvpress.utils import compute_n_kept, get_prerope_query_states
 
-from foresight import rope_shift
-from foresight.checkpoint import check_compatible, load_scorer, scorer_kind
-from foresight.features import AHEAD_NAMES, AHEAD_SHIFTS, DECAY, QUERY_WINDOW
+from foresight.engine.cache import rope_shift
+from foresight.scorers.checkpoint import check_compatible, load_scorer, scorer_kind
+from foresight.engine.features import AHEAD_NAMES, AHEAD_SHIFTS, DECAY, QUERY_WINDOW
 
 
 @dataclass
@@ -82,7 +82,7 @@ class ForesightPress(ScorerPress):
               "sum": p.sum(3)}
         for w in (8, 16, 32):
             st[f"w{w}"] = p[..., -w:, :].sum(3)
-        if self._shifts is not None:  # the last 32 queries as if Δ tokens later (foresight.rope_shift)
+        if self._shifts is not None:  # the last 32 queries as if Δ tokens later (foresight.engine.cache.rope_shift)
             W = min(QUERY_WINDOW, nq)
             for name, table in zip(AHEAD_NAMES, self._shifts):
                 qa = rope_shift.rotate(q[:, :, nq - W:], table).view(b, h, g, W, d)

@@ -1,6 +1,6 @@
 """The policy interface: one method, ``score(view) -> [layers, batch, kv_heads, slots]``, higher = evict first.
 
-A policy sees an :class:`~foresight.view.EvictionView` (keys, values, token indices, attention statistics,
+A policy sees an :class:`~foresight.engine.view.EvictionView` (keys, values, token indices, attention statistics,
 which slots are candidates) for all layers at once; the cache masks protected slots and picks the L to evict.
 GQA pooling: statistics come per query head (``[..., g, n]``); :func:`pool_group` reduces a KV head's group.
 """

@@ -8,9 +8,9 @@ kvpress = pytest.importorskip("kvpress")
 
 from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
-from foresight.checkpoint import save_scorer  # noqa: E402
+from foresight.scorers.checkpoint import save_scorer  # noqa: E402
 from foresight.integrations.kvpress import ForesightPress  # noqa: E402
-from foresight.scorer import ScorerBank  # noqa: E402
+from foresight.scorers.bank import ScorerBank  # noqa: E402
 
 
 def tiny(tmp_path):
@@ -96,7 +96,7 @@ def test_press_refuses_another_model(tmp_path):
 
     other = LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=96, intermediate_size=128, num_hidden_layers=2,
                                          num_attention_heads=6, num_key_value_heads=2))
-    from foresight.checkpoint import ScorerMismatchError
+    from foresight.scorers.checkpoint import ScorerMismatchError
 
     with pytest.raises(ScorerMismatchError):
         ForesightPress(scorer_dir=str(ck)).post_init_from_model(other)
@@ -110,15 +110,18 @@ def test_readme_kvpress_snippet_runs(tmp_path, monkeypatch):
     body = text.split("## Use trained scorers in your own code", 1)[1].split("\n## ", 1)[0]
     code = re.findall(r"```python\n(.*?)```", body, re.S)[1]
     model, ck = tiny(tmp_path)
-    dest = tmp_path / "runs" / "tiny-qwen3" / "grpo"
+    dest = tmp_path / "scorers" / "tiny-qwen3" / "grpo"
     dest.parent.mkdir(parents=True)
     ck.rename(dest)
     monkeypatch.chdir(tmp_path)
-    code = code.replace("target_size=320", "target_size=24").replace("compression_interval=64", "compression_interval=8")
-    code = code.replace("protect_recent=64", "protect_recent=8").replace("hidden_states_buffer_size=64",
-                                                                        "hidden_states_buffer_size=8")
+    small = {"target_size=640": "target_size=24", "compression_interval=128": "compression_interval=8",
+             "protect_recent=128": "protect_recent=8", "hidden_states_buffer_size=128": "hidden_states_buffer_size=8",
+             "max_new_tokens=1400": "max_new_tokens=40", '"scorers/tiny-qwen3/grpo"': '"scorers/tiny-qwen3/grpo"'}
+    for a, b in small.items():
+        assert a in code, f"the README's kvpress snippet no longer has {a}"
+        code = code.replace(a, b)
     ns = {"model": model, "input_ids": torch.randint(0, 128, (1, 30))}
-    exec(code.replace("max_new_tokens=1100", "max_new_tokens=40"), ns)  # noqa: S102
+    exec(code, ns)  # noqa: S102
     assert ns["out"].shape[1] == 70
 
 
@@ -174,7 +177,7 @@ def test_an_ahead_scorer_gets_the_buffered_queries_attention_at_later_positions(
     from kvpress.utils import get_prerope_query_states
     from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
 
-    from foresight.features import AHEAD_NAMES, AHEAD_SHIFTS
+    from foresight.engine.features import AHEAD_NAMES, AHEAD_SHIFTS
 
     model, _ = tiny(tmp_path)
     bank = ScorerBank(2, 2, 16, 2, seed=1, features=("key", "value", "attn", "ahead"))

@@ -1,0 +1,1 @@
+"""Benchmarks of the eviction engine (not part of the library): speed, memory and operation counts."""

@@ -1,0 +1,1 @@
+"""Recipes: typed settings read from YAML, their checks, and the values recipes spell in strings."""

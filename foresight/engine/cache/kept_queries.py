@@ -1,0 +1,101 @@
+"""The statistics recomputed at an eviction from a :class:`~foresight.engine.cache.attention_stats.SlotStatistics`' kept
+queries (its
+newest ``features.QUERY_WINDOW``): the window sums (``w1``…``w32``), Scissorhands' ``pivot32`` counts and the
+``ahead`` sums of the same queries moved Δ positions on (:mod:`foresight.engine.cache.rope_shift`). ``st`` is the SlotStatistics:
+its ``recent_q`` / ``recent_token`` / ``recent_valid`` (the kept queries), ``newest_kept``, ``shifts`` and the cache
+of Scissorhands' thresholds (``shares``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from foresight.engine import features
+
+from foresight.engine.cache import rope_shift
+from foresight.engine.cache.slot_attention import causal_block, grouped_matmul
+
+
+def window_stats(st, keys, token, n: int, padded: bool, scaling: float, layers_per_slice: int = 0,
+                 ahead: bool = False) -> dict:
+    """Sums over the last 1/8/16/32 queries and Scissorhands' ``pivot32`` counts (``ahead``: the ``a{Δ}`` sums of the
+    same queries rotated Δ positions on instead), recomputed from the kept queries against the first n slots (see
+    features.py). Their probabilities [layers, b, H, 32, n] are computed for all layers at once up to
+    ``features.ALL_LAYERS_MAX_VALUES``, above it ``layers_per_slice`` layers at a time: the cache passes
+    interval // 32, so a slice is at most one layer's attention of a chunk (b·H·L·n)."""
+    nl, b, hq, W, _ = st.recent_q.shape
+    step = layers_per_slice or nl
+    part = _ahead_slice if ahead else _window_slice
+    if step >= nl or nl * b * hq * W * n <= features.ALL_LAYERS_MAX_VALUES:
+        return part(st, slice(None), keys, token, n, padded, scaling)
+    parts = [part(st, slice(lo, lo + step), keys, token, n, padded, scaling) for lo in range(0, nl, step)]
+    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+
+def newest_are_recent(st, newest: torch.Tensor) -> bool:
+    """Whether the newest W slots hold the tokens of the kept queries (a host sync; skipped when ``newest_kept``)."""
+    return torch.equal(newest, st.recent_token.expand_as(newest))
+
+
+def uniform_share(st, n: int, W: int, device) -> torch.Tensor:
+    """[W, 1]: 1 / (keys query i sees) for the W newest queries over n slots without padding (Scissorhands'
+    threshold), made once per n."""
+    t = st.shares.get((n, W, device))
+    if t is None:
+        if len(st.shares) > 64:
+            st.shares.clear()
+        seen = torch.arange(n - W + 1, n + 1, device=device, dtype=torch.float32)[:, None]
+        t = st.shares[(n, W, device)] = 1.0 / seen
+    return t
+
+
+def visibility(st, token, layers: slice, n: int, padded: bool):
+    """Which of the first n slots of ``layers`` each kept query sees (by token index): None when only the newest
+    [W, W] block is causal (no padding and the W queries are the tokens of the newest W slots), else the mask
+    [nl', b, h, 1, W, n]. One per eviction, shared by the window sums and every shift of the ahead sums."""
+    W = st.recent_q.shape[3]
+    ktok = token[layers, :, :, :n]
+    if not padded and n >= W and (st.newest_kept or newest_are_recent(st, ktok[..., n - W:])):
+        return None
+    vis = (ktok[:, :, :, None, None, :] <= st.recent_token[None, None, None, None, :, None]) & \
+          (ktok >= 0)[:, :, :, None, None, :]
+    return vis & (st.recent_token >= 0)[None, None, None, None, :, None]
+
+
+def recent_probs(st, recent_q, keys, layers: slice, n: int, scaling: float, vis):
+    """Attention of the kept queries ``recent_q`` [nl', b, H, W, d] to the first n slots of ``layers`` under the mask
+    ``vis`` of :func:`visibility` -> probs [nl', b, h, g, W, n]."""
+    nl, b, hq, W, d = recent_q.shape
+    h = keys.shape[2]
+    g = hq // h
+    K = keys[layers, :, :, :n]  # [nl,b,h,n,d]
+    scores = grouped_matmul(recent_q * scaling, K.transpose(-1, -2)).view(nl, b, h, g, W, n).float()
+    if vis is None:  # query i sees the n - W + i + 1 keys up to itself
+        scores[..., n - W:].sub_(causal_block(W, scores.device))
+        return scores.softmax(-1)
+    probs = scores.masked_fill(~vis, float("-inf")).softmax(-1).nan_to_num(0.0)
+    return probs * st.recent_valid[None, :, None, None, :, None]
+
+
+def _window_slice(st, layers: slice, keys, token, n: int, padded: bool, scaling: float) -> dict:
+    recent_q = st.recent_q[layers]
+    W = recent_q.shape[3]
+    vis = visibility(st, token, layers, n, padded)
+    probs = recent_probs(st, recent_q, keys, layers, n, scaling, vis)
+    if vis is None:
+        hits = probs >= uniform_share(st, n, W, probs.device)  # a hidden key has probability 0: never a hit
+    else:
+        seen = vis.sum(-1, keepdim=True).clamp(min=1)
+        hits = (probs >= 1.0 / seen) & vis
+    out = {"pivot32": hits.sum(-2, dtype=torch.float32)}  # Scissorhands' counts
+    for w in features.WINDOWS:
+        out[f"w{w}"] = probs[..., -w:, :].sum(-2)
+    return out
+
+
+def _ahead_slice(st, layers: slice, keys, token, n: int, padded: bool, scaling: float) -> dict:
+    """The ``a{Δ}`` statistics: the kept queries rotated Δ positions on, each over the keys it sees."""
+    recent_q = st.recent_q[layers]
+    vis = visibility(st, token, layers, n, padded)
+    return {name: recent_probs(st, rope_shift.rotate(recent_q, table), keys, layers, n, scaling, vis).sum(-2)
+            for name, table in zip(features.AHEAD_NAMES, st.shifts)}

@@ -1,0 +1,1 @@
+"""Whole pipelines chained from the stages: ``make demo``."""

@@ -1,0 +1,1 @@
+"""Studies behind the results under ``docs/results/`` (not part of the library)."""

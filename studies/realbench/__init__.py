@@ -1,0 +1,1 @@
+"""The real-model benchmark on SmolLM2-135M (``make realbench``)."""
