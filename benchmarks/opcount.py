@@ -17,6 +17,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from foresight.config.eviction import EvictionSettings
+from benchmarks.opcount_table import opcount_table
 
 IGNORED = {"aten.detach.default", "aten.alias.default", "aten._to_copy.default"}  # views of no cost, dtype moves
 
@@ -86,7 +87,7 @@ def ops_per_chunk(policy: str, model=None, S: int = 1024, B: int = 256, L: int =
     transformers' ``DynamicCache``: dispatched operations per chunk and layer, for both and their difference."""
     from transformers import DynamicCache
 
-    from foresight.engine.rollout import rollout
+    from foresight.engine.rollout import RolloutOptions, rollout
 
     model = model or reference_model()
     layers = model.config.num_hidden_layers
@@ -99,7 +100,8 @@ def ops_per_chunk(policy: str, model=None, S: int = 1024, B: int = 256, L: int =
             model(input_ids=ids[:, s:s + q], cache=cache, use_cache=True)
             s += q
     with OpCounter() as ours:
-        rollout(model, ids, policy_for(policy, model), settings, generator=torch.Generator().manual_seed(0))
+        rollout(model, ids, policy_for(policy, model), settings,
+                options=RolloutOptions(generator=torch.Generator().manual_seed(0)))
     per = len(chunks) * layers
     return {"policy": policy, "chunks": len(chunks), "layers": layers, "plain_per_chunk_layer": round(plain.ops / per, 1),
             "rollout_per_chunk_layer": round(ours.ops / per, 1), "extra_per_chunk_layer": round((ours.ops - plain.ops) / per, 1)}
@@ -109,13 +111,14 @@ def ops_per_chunk(policy: str, model=None, S: int = 1024, B: int = 256, L: int =
 def prefill_largest(prompt_len: int, policy: str = "h2o", model=None, batch: int = 4, B: int = 256, L: int = 64) -> dict:
     """The largest tensor (values) materialised while a bounded cache prefills ``batch`` prompts of ``prompt_len``
     tokens and decodes one token, against the bound max(b·V, b·H·L·(B+L))."""
-    from foresight.engine.generate import generate
+    from foresight.engine.generate import GenerateOptions, generate
 
     model = model or reference_model()
     ids = torch.randint(10, model.config.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(0))
     with OpCounter() as c:
         res = generate(model, ids, max_new_tokens=1, policy=policy_for(policy, model),
-                       settings=EvictionSettings(budget=B, interval=L), generator=torch.Generator().manual_seed(0))
+                       settings=EvictionSettings(budget=B, interval=L),
+                       options=GenerateOptions(generator=torch.Generator().manual_seed(0)))
         del res
     bound = max(batch * model.config.vocab_size, batch * model.config.num_attention_heads * L * (B + L))
     return {"prompt_len": prompt_len, "policy": policy, "largest_transient": c.largest_transient,
@@ -184,18 +187,19 @@ class _AsOnAccelerator:
 
 @torch.no_grad()
 def recorded_rollout_ops(policy: str, model=None, S: int = 1024, B: int = 256, L: int = 64) -> dict:
-    """:func:`ops_per_chunk`'s rollout with its chunks recorded (``rollout(step="graph")``): operations the host
-    dispatches per chunk and layer once chunks replay (the difference between a rollout of S + 8L and one of S tokens,
-    over 8 chunks), a recording or replay counting as one (a graph launch), against the eager rollout's the same way."""
-    from foresight.engine.rollout import rollout
+    """:func:`ops_per_chunk`'s rollout with its chunks recorded (``rollout(options=RolloutOptions(step="graph"))``):
+    operations the host dispatches per chunk and layer once chunks replay (the difference between a rollout of S + 8L
+    and one of S tokens, over 8 chunks), a recording or replay counting as one (a graph launch), against the eager
+    rollout's the same way."""
+    from foresight.engine.rollout import RolloutOptions, rollout
 
     model = model or reference_model()
     ids = torch.randint(10, model.config.vocab_size, (1, S + 8 * L), generator=torch.Generator().manual_seed(0))
 
     def count(n: int, step: str) -> int:
         ops, _ = _host_ops(lambda: rollout(model, ids[:, :n], policy_for(policy, model),
-                                           EvictionSettings(budget=B, interval=L), generator=torch.Generator().manual_seed(0),
-                                           step=step))
+                                           EvictionSettings(budget=B, interval=L),
+                                           options=RolloutOptions(torch.Generator().manual_seed(0), step=step)))
         return ops
 
     per = 8 * model.config.num_hidden_layers
@@ -207,11 +211,11 @@ def recorded_rollout_ops(policy: str, model=None, S: int = 1024, B: int = 256, L
 def decode_ops(policy: str, model=None, batch: int = 1, prompt: int = 320, new_tokens: int = 257, B: int = 256,
                L: int = 64) -> dict:
     """Operations the host dispatches per generated token (prefill excluded; evictions amortised): eager decoding
-    against the static step recorded as a graph (``generate(step="graph")``), where a step's own operations are
+    against the static step recorded as a graph (``GenerateOptions(step="graph")``), where a step's own operations are
     one replay (on a GPU: one launch) and the host runs only what lies between steps (sampling, positions, the
     eviction every L tokens); and how many of them are host syncs. Decoding has an EOS token (never drawn: it lies
     outside the vocabulary) checked as on an accelerator."""
-    from foresight.engine.generate import Decoding, generate
+    from foresight.engine.generate import Decoding, GenerateOptions, generate
 
     model = model or reference_model()
     ids = torch.randint(10, model.config.vocab_size, (batch, prompt), generator=torch.Generator().manual_seed(0))
@@ -222,7 +226,7 @@ def decode_ops(policy: str, model=None, batch: int = 1, prompt: int = 320, new_t
         with _AsOnAccelerator():
             return _host_ops(lambda: generate(model, ids, max_new_tokens=tokens, policy=policy_for(policy, model),
                                               settings=settings, decoding=decoding,
-                                              generator=torch.Generator().manual_seed(0), step=step))
+                                              options=GenerateOptions(torch.Generator().manual_seed(0), step=step)))
 
     res = {"policy": policy, "batch": batch, "B": B, "L": L, "tokens": new_tokens - 1}
     for step in ("eager", "graph"):
@@ -263,31 +267,6 @@ def report(policies=("streamingllm", "h2o", "learned"), prompts=(1024, 4096)) ->
             "prefill": [prefill_largest(n, policy=p, model=model) for p in ("h2o", "learned") for n in prompts],
             "recorded": [recorded_rollout_ops(p, model) for p in policies],
             "decode": [decode_ops(p, model) for p in policies], "golden": golden_ops(model)}
-
-
-def opcount_table(res: dict) -> str:
-    lines = ["| policy | plain forward ops / chunk / layer | rollout | extra |", "|---|---|---|---|"]
-    lines += [f"| {r['policy']} | {r['plain_per_chunk_layer']} | {r['rollout_per_chunk_layer']} | "
-              f"+{r['extra_per_chunk_layer']} |" for r in res["ops"]]
-    lines += ["", "| policy | prompt | largest transient tensor in the prefill | bound max(b·V, b·H·L·(B+L)) | largest "
-              "resident (the cache's storage) |", "|---|---|---|---|---|"]
-    lines += [f"| {r['policy']} | {r['prompt_len']} | {r['largest_transient']:,} | {r['bound']:,} | {r['largest_resident']:,} |"
-              for r in res["prefill"]]
-    lines += ["", "| policy | rollout ops / chunk / layer past the first eviction, eager | chunks recorded (`step=\"graph\"`; "
-              "a replay counts one) |", "|---|---|---|"]
-    lines += [f"| {r['policy']} | {r['eager_per_chunk_layer']} | {r['recorded_per_chunk_layer']} |"
-              for r in res.get("recorded", [])]
-    lines += ["", "| policy | ops per generated token, eager decoding | recorded step (`step=\"graph\"`: one replay + the "
-              "host's work between steps) | host syncs per token, eager · recorded |", "|---|---|---|---|"]
-    lines += [f"| {r['policy']} | {r['eager_per_token']} | {r['graph_per_token']} | {r['eager_syncs_per_token']} · "
-              f"{r['graph_syncs_per_token']} |" for r in res.get("decode", [])]
-    if res.get("golden"):
-        g = res["golden"]
-        lines += ["", "| golden labels' pooled pass, ops per block of L queries | one block per forward (CPU) | blocks "
-                  "per forward up to the memory limit (accelerator) | plain forward, L tokens at a time |",
-                  "|---|---|---|---|", f"| S={g['S']}, B={g['B']}, L={g['L']} | {g['cpu_per_block']} | "
-                  f"{g['accelerator_per_block']} | {g['plain_per_block']} |"]
-    return "\n".join(lines)
 
 
 def main(argv=None):

@@ -20,6 +20,7 @@ generation_config.json and ``teacher.json`` (recipe, curriculum log, held-out me
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -27,10 +28,10 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from data_prep import ledger
+from data_prep.teacher_batches import copy_batch, lm_loss, task_batch
 from data_prep.tokenizer import build_tokenizer
 from foresight.runtime import atomic
 
@@ -60,34 +61,6 @@ def model_config() -> Qwen3Config:
     )
 
 
-def task_batch(spec: ledger.LedgerSpec, n: int, rng: random.Random):
-    """[n, len] ids, a loss mask over solution targets, and the problems (all of one length)."""
-    probs = [ledger.make_problem(spec, rng) for _ in range(n)]
-    ids = torch.tensor([p.prompt_ids + p.solution_ids for p in probs])
-    mask = torch.zeros_like(ids, dtype=torch.bool)
-    mask[:, len(probs[0].prompt_ids) :] = True
-    return ids, mask, probs
-
-
-def copy_batch(length: int, n: int, rng: random.Random):
-    """Rows of random name/value segments, each followed by a separator and repeated (loss on the repeats).
-
-    Segment lengths vary (4 .. length/2), so the repeat is never at a constant offset: a positional head cannot
-    solve it and an induction circuit (match the previous token, copy the next) has to form, which is the circuit
-    the ledger's content-addressed look-ups use."""
-    rows, masks = [], []
-    for _ in range(n):
-        row, m = [ledger.BOS], [False]
-        while len(row) < length:
-            k = rng.randint(4, max(4, length // 2))
-            seg = [ledger.NAME0 + rng.randrange(ledger.NUM_NAMES + ledger.NUM_VALUES) for _ in range(k)]
-            row += seg + [ledger.SEP] + seg
-            m += [False] * (k + 1) + [True] * k
-        rows.append(row[:length])
-        masks.append(m[:length])
-    return torch.tensor(rows), torch.tensor(masks)
-
-
 def stage_tokens(spec: ledger.LedgerSpec) -> set[int]:
     """Token ids a curriculum stage's problems use (copy batches use specials, names and values only)."""
     used = set(range(ledger.VAR0 + spec.variables))  # specials, fillers, names, values, the stage's variables
@@ -114,13 +87,6 @@ def introduce_tokens(model, opt, tokens: list[int]):
     for key in ("exp_avg", "exp_avg_sq"):
         if key in st:
             st[key][idx] = 0
-
-
-def lm_loss(model, ids, mask):
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        logits = model(input_ids=ids[:, :-1]).logits
-    tgt = mask[:, 1:]
-    return F.cross_entropy(logits[tgt].float(), ids[:, 1:][tgt]), logits
 
 
 @torch.no_grad()
@@ -166,8 +132,31 @@ def greedy_accuracy(model, spec: ledger.LedgerSpec, n: int, seed: int, batch: in
     return {"accuracy": ok / n, "exact": exact / n, "n": n}
 
 
-def train(out: Path, steps: int, seed: int, tokens_per_batch: int, eval_every: int, advance_at: list[float],
-          cooldown: float, ckpt_every: int, log=print, min_exact: float = 0.5, force_stage: int | None = None) -> dict:
+@dataclasses.dataclass(frozen=True)
+class TeacherRun:
+    """A training run's settings (the CLI's flags): ``steps`` and ``seed``; ``tokens_per_batch``; an evaluation every
+    ``eval_every`` steps, which advances the curriculum when the held-out value accuracy passes ``advance_at`` (per
+    stage; the last value serves the later stages) and the teacher-forced exact rate ``min_exact``; ``cooldown``: the
+    share of the steps over which the learning rate decays; a checkpoint every ``ckpt_every`` steps;
+    ``force_stage``: on resume, continue at this curriculum stage."""
+
+    steps: int = 10000
+    seed: int = 0
+    tokens_per_batch: int = 4096
+    eval_every: int = 250
+    advance_at: tuple = (0.9, 0.85, 0.9)
+    cooldown: float = 0.2
+    ckpt_every: int = 250
+    min_exact: float = 0.5
+    force_stage: int | None = None
+
+
+def train(out: Path, run: TeacherRun, log=print) -> dict:
+    """Train (or resume from ``OUT/.train/last.pt``) the teacher under ``run``; returns the model, the curriculum
+    state and the seconds this call trained."""
+    steps, seed, tokens_per_batch, eval_every = run.steps, run.seed, run.tokens_per_batch, run.eval_every
+    advance_at, cooldown, ckpt_every, min_exact = run.advance_at, run.cooldown, run.ckpt_every, run.min_exact
+    force_stage = run.force_stage
     torch.manual_seed(seed)
     torch.set_num_threads(int(os.environ.get("FORESIGHT_THREADS", os.cpu_count() or 1)))
     model = Qwen3ForCausalLM(model_config())
@@ -277,8 +266,9 @@ def main(argv=None):
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    res = train(a.out, a.steps, a.seed, a.tokens_per_batch, a.eval_every, a.advance_at, a.cooldown, a.ckpt_every,
-                log=lambda s: print(s, flush=True), min_exact=a.min_exact, force_stage=a.stage)
+    run = TeacherRun(a.steps, a.seed, a.tokens_per_batch, a.eval_every, a.advance_at, a.cooldown, a.ckpt_every,
+                     a.min_exact, a.stage)
+    res = train(a.out, run, log=lambda s: print(s, flush=True))
     model, state = res["model"], res["state"]
     default = ledger.LedgerSpec()
     metrics = {"teacher_forced": teacher_forced_eval(model, default, a.heldout, seed=777),

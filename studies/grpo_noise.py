@@ -44,7 +44,7 @@ from foresight.runtime import atomic
 from foresight.scorers.checkpoint import load_scorer
 from foresight.config.recipe import load_recipe
 from foresight.training.grpo.objective import group_advantage, step_objective, trajectory_reward
-from foresight.training.grpo.rollout import group_rollout
+from foresight.training.grpo.rollout import GroupSampling, group_rollout
 from foresight.training.grpo.heldout import first_scored_token
 from foresight.engine.models import load_model
 from foresight.evaluation.paired import resamples
@@ -77,8 +77,7 @@ def trace_gradients(model, bank, ref, row: dict, recipe, seed: int) -> dict:
     ids = torch.tensor([row["input_ids"]], device=dev)
     gen = torch.Generator(device=dev).manual_seed(seed)
     bank.eval()
-    res, steps, overlap = group_rollout(model, bank, ids, cfg.group, settings, cfg.temperature, gen, row["prompt_len"],
-                                        cfg.ratio)
+    res, steps, overlap = group_rollout(model, bank, ids, GroupSampling.from_grpo(cfg), settings, gen, row["prompt_len"])
     if not steps:
         raise ValueError(f"a trace of {ids.shape[1]} tokens has no eviction at B={settings.budget}, L={settings.interval}")
     r = trajectory_reward(res.token_loss, torch.tensor(row["token_loss"], device=dev),

@@ -102,3 +102,21 @@ def tiny_model_dir(tmp_path):
     m.save_pretrained(d)
     build_tokenizer().save_pretrained(d)
     return d
+
+
+# a tiny SFT run on the tiny random teacher's traces (tests/test_sft*.py)
+SFT_SETS = ["task.facts=4", "task.variables=2", "task.filler=0", "task.scratch=0", "traces.num_prompts=6",
+            "traces.batch_size=3", "traces.require_correct=false", "traces.min_new_tokens=5", "traces.max_new_tokens=24",
+            "cache.budget=12", "cache.interval=4", "sft.steps=6", "sft.batch_traces=2", "sft.ckpt_every=3", "sft.warmup=2"]
+
+
+@pytest.fixture
+def sft_setup(tiny_model_dir, tmp_path):
+    """A recipe of SFT_SETS on the tiny model, and the traces it writes."""
+    from foresight.config.recipe import load_recipe
+    from foresight.data import traces
+
+    r = load_recipe("recipes/tiny-qwen3.yaml", [f"model.path={tiny_model_dir}", *SFT_SETS])
+    tdir = tmp_path / "traces"
+    traces.make_traces(r, tdir, progress=False, log=lambda *_: None)
+    return r, tdir

@@ -1,9 +1,12 @@
 """`make bench` stays runnable: its rollout rows (single sequence with H2O, a GRPO-style group with learned scorers) on
 the shipped teacher."""
 
+import pytest
+
 from benchmarks import bench
 
 
+@pytest.mark.slow
 def test_bench_rollout_rows_and_table():
     single = bench.bench_rollout((512,), B=64, L=16, runs=2)
     group = bench.bench_rollout((512,), B=64, L=16, batch=3, policy="learned", golden=False)

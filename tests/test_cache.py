@@ -5,9 +5,9 @@ from transformers import DynamicCache
 from conftest import feed_chunks, tiny_llama, tiny_qwen3
 from foresight.engine.cache.bounded import BoundedCache
 from foresight.config.eviction import EvictionSettings
-from foresight.engine.generate import generate
+from foresight.engine.generate import GenerateOptions, generate
 from foresight.policies import make_policy
-from foresight.engine.rollout import loss_and_entropy, rollout
+from foresight.engine.rollout import RolloutOptions, loss_and_entropy, rollout
 
 
 @pytest.mark.parametrize("make", [tiny_qwen3, tiny_llama])
@@ -142,8 +142,9 @@ def test_dynamic_cache_path_unchanged(qwen3):
 def test_protect_prompt_keeps_every_prompt_token_and_bounds_the_rest(qwen3):
     P = 12
     ids = torch.randint(8, 170, (2, P))
-    g = generate(qwen3, ids, max_new_tokens=60, policy=make_policy("random"), generator=torch.Generator().manual_seed(0),
-                 settings=EvictionSettings(budget=16, interval=4, protect_prompt=True))
+    g = generate(qwen3, ids, max_new_tokens=60, policy=make_policy("random"),
+                 settings=EvictionSettings(budget=16, interval=4, protect_prompt=True),
+                 options=GenerateOptions(generator=torch.Generator().manual_seed(0)))
     c = g.cache
     tok = c.token[:, :, :, : c.n]
     assert c.steps > 5
@@ -186,8 +187,8 @@ def test_known_full_cache_values_before_the_first_eviction_change_nothing(qwen3)
     settings = EvictionSettings(budget=24, interval=8)
     for name in ("h2o", "streamingllm"):
         plain = rollout(qwen3, ids, make_policy(name), settings)
-        fast = rollout(qwen3, ids, make_policy(name), settings, full=(full.token_loss, full.token_entropy),
-                       entropy=False)
+        fast = rollout(qwen3, ids, make_policy(name), settings,
+                       options=RolloutOptions(full=(full.token_loss, full.token_entropy), entropy=False))
         assert torch.equal(fast.token_loss[:, :32], full.token_loss[:, :32])
         assert torch.allclose(fast.token_loss, plain.token_loss, atol=1e-5), name
         assert torch.allclose(fast.held_per_row, plain.held_per_row)

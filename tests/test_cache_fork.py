@@ -1,4 +1,4 @@
-"""A bounded cache forked at its first eviction point (foresight.engine.cache.fork, rollout(prefix=...)): every policy
+"""A bounded cache forked at its first eviction point (foresight.engine.cache.fork, RolloutOptions(prefix=...)): every policy
 continues from a shared prefix pass with the losses, slots held and eviction choices of a rollout from token 0."""
 
 import pytest
@@ -9,7 +9,7 @@ from foresight.engine.cache.fork import fork, uses_probabilities
 from foresight.config.eviction import EvictionSettings
 from foresight.targets.golden import GoldenPolicy, block_pooled_attention
 from foresight.policies import REGISTRY, make_policy
-from foresight.engine.rollout import rollout, shared_prefix
+from foresight.engine.rollout import RolloutOptions, rollout, shared_prefix
 from foresight.scorers.bank import LearnedPolicy, bank_for_model
 from foresight.engine.cache.attention_stats import accumulations
 
@@ -51,20 +51,23 @@ def test_every_policy_continues_from_a_shared_prefix_bit_for_bit(setup, settings
     model, ids, mask, full = setup
     base = settings.replace(selection="topk", sinks=0)  # what acts at evictions only may differ from the prefix's
     prefixes = {p: shared_prefix(model, ids, base, prompt_len=prompt_len, attention_mask=mask, probabilities=p,
-                                 full=full, entropy=False) for p in (True, False)}
+                                 options=RolloutOptions(full=full, entropy=False)) for p in (True, False)}
     assert prefixes[True].end == 32 + (10 if prompt_len == 10 else 0)  # B + L (+ the protected prompt)
     for name, make in policies(model).items():
         pol = make()
         probs = uses_probabilities(accumulations(getattr(pol, "reads", None)))
-        kw = dict(prompt_len=prompt_len, attention_mask=mask, full=full, entropy=False)
-        a = rollout(model, ids, make(), settings, generator=torch.Generator().manual_seed(3), **kw)
-        b = rollout(model, ids, pol, settings, generator=torch.Generator().manual_seed(3), prefix=prefixes[probs], **kw)
+        kw = dict(prompt_len=prompt_len, attention_mask=mask)
+        a = rollout(model, ids, make(), settings, **kw, options=RolloutOptions(torch.Generator().manual_seed(3),
+                                                                               full=full, entropy=False))
+        b = rollout(model, ids, pol, settings, **kw, options=RolloutOptions(torch.Generator().manual_seed(3), full=full,
+                                                                            entropy=False, prefix=prefixes[probs]))
         assert torch.equal(a.token_loss, b.token_loss), name
         assert torch.equal(a.held_per_row, b.held_per_row) and a.mean_held == b.mean_held, name
         assert a.peak_slots == b.peak_slots, name
     # the prefixes are left as they were: a second fork gives the same losses again
     again, first = (rollout(model, ids, make_policy("h2o"), settings, prompt_len=prompt_len, attention_mask=mask,
-                            full=full, entropy=False, generator=torch.Generator().manual_seed(3), prefix=p)
+                            options=RolloutOptions(full=full, entropy=False, generator=torch.Generator().manual_seed(3),
+                                                   prefix=p))
                     for p in (prefixes[True], None))
     assert torch.equal(again.token_loss, first.token_loss)
 
@@ -80,8 +83,8 @@ def test_recorded_steps_and_repeated_rows_continue_from_one_row(setup):
     for p in (None, prefix):
         chosen = []
         res = rollout(model, x.expand(4, -1), LearnedPolicy(bank_for_model(model)), settings,
-                      generator=torch.Generator().manual_seed(5), recorder=lambda st: chosen.append(st["chosen"].clone()),
-                      prefix=p)
+                      recorder=lambda st: chosen.append(st["chosen"].clone()),
+                      options=RolloutOptions(generator=torch.Generator().manual_seed(5), prefix=p))
         runs.append((res, chosen))
     (a, ca), (b, cb) = runs
     assert len(ca) == len(cb) > 5 and all(torch.equal(u, v) for u, v in zip(ca, cb))
@@ -95,12 +98,14 @@ def test_golden_recording_continues_from_the_prefix(setup):
     model, ids, mask, full = setup
     settings = EvictionSettings(budget=24, interval=8)
     future = block_pooled_attention(model, ids, settings, "mean").futures()
-    prefix = shared_prefix(model, ids, settings, attention_mask=mask, probabilities=True, full=full, entropy=False)
+    prefix = shared_prefix(model, ids, settings, attention_mask=mask, probabilities=True,
+                           options=RolloutOptions(full=full, entropy=False))
     out = []
     for p in (None, prefix):
         views = []
-        res = rollout(model, ids, GoldenPolicy(torch.stack(future)), settings, attention_mask=mask, full=full,
-                      entropy=False, prefix=p, recorder=lambda st: views.append(st["view"].stats["sum"].clone()))
+        res = rollout(model, ids, GoldenPolicy(torch.stack(future)), settings, attention_mask=mask,
+                      recorder=lambda st: views.append(st["view"].stats["sum"].clone()),
+                      options=RolloutOptions(full=full, entropy=False, prefix=p))
         out.append((res.token_loss, views))
     assert torch.equal(out[0][0], out[1][0])
     assert len(out[0][1]) == len(out[1][1]) > 0 and all(torch.equal(u, v) for u, v in zip(out[0][1], out[1][1]))
@@ -109,19 +114,21 @@ def test_golden_recording_continues_from_the_prefix(setup):
 def test_a_fork_that_would_change_the_results_is_refused(setup):
     model, ids, mask, full = setup
     settings = EvictionSettings(budget=24, interval=8)
-    fused = shared_prefix(model, ids, settings, attention_mask=mask, probabilities=False, full=full, entropy=False)
+    fused = shared_prefix(model, ids, settings, attention_mask=mask, probabilities=False,
+                          options=RolloutOptions(full=full, entropy=False))
     with pytest.raises(ValueError, match="same attention path"):  # a scorer needs the explicit probabilities' path
-        rollout(model, ids, LearnedPolicy(bank_for_model(model)), settings, attention_mask=mask, full=full,
-                entropy=False, prefix=fused)
+        rollout(model, ids, LearnedPolicy(bank_for_model(model)), settings, attention_mask=mask,
+                options=RolloutOptions(full=full, entropy=False, prefix=fused))
     with pytest.raises(ValueError, match="schedule"):  # another budget
-        rollout(model, ids, make_policy("tova"), settings.replace(budget=32), attention_mask=mask, full=full,
-                entropy=False, prefix=fused)
+        rollout(model, ids, make_policy("tova"), settings.replace(budget=32), attention_mask=mask,
+                options=RolloutOptions(full=full, entropy=False, prefix=fused))
     with pytest.raises(ValueError, match="other rows"):
-        rollout(model, ids.flip(0), make_policy("tova"), settings, attention_mask=mask, full=full, entropy=False,
-                prefix=fused)
-    losses_only = shared_prefix(model, ids, settings, attention_mask=mask, probabilities=False, entropy=False)
+        rollout(model, ids.flip(0), make_policy("tova"), settings, attention_mask=mask,
+                options=RolloutOptions(full=full, entropy=False, prefix=fused))
+    losses_only = shared_prefix(model, ids, settings, attention_mask=mask, probabilities=False,
+                                options=RolloutOptions(entropy=False))
     with pytest.raises(ValueError, match="entropies"):
-        rollout(model, ids, make_policy("tova"), settings, attention_mask=mask, prefix=losses_only)
+        rollout(model, ids, make_policy("tova"), settings, attention_mask=mask, options=RolloutOptions(prefix=losses_only))
 
     class Stateful(type(make_policy("h2o"))):
         def observe(self, cache, layer, first, count):
@@ -147,8 +154,10 @@ def test_recorded_chunks_replay_after_a_fork(setup, monkeypatch):
     replay = Recording.replay
     monkeypatch.setattr(Recording, "replay", lambda self: replays.append(1) or replay(self))
     settings = EvictionSettings(budget=24, interval=8)
-    prefix = shared_prefix(model, ids, settings, attention_mask=mask, probabilities=True, full=full, entropy=False)
-    kw = dict(attention_mask=mask, full=full, entropy=False)
-    eager = rollout(model, ids, make_policy("h2o"), settings, step="eager", **kw)
-    graph = rollout(model, ids, make_policy("h2o"), settings, step="graph", prefix=prefix, **kw)
+    prefix = shared_prefix(model, ids, settings, attention_mask=mask, probabilities=True,
+                           options=RolloutOptions(full=full, entropy=False))
+    eager = rollout(model, ids, make_policy("h2o"), settings, attention_mask=mask,
+                    options=RolloutOptions(full=full, entropy=False, step="eager"))
+    graph = rollout(model, ids, make_policy("h2o"), settings, attention_mask=mask,
+                    options=RolloutOptions(full=full, entropy=False, step="graph", prefix=prefix))
     assert torch.equal(eager.token_loss, graph.token_loss) and replays

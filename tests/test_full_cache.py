@@ -44,7 +44,7 @@ def test_decoding_reads_the_filled_prefix_only_and_equals_the_dynamic_cache(qwen
 def test_chunks_with_padding_equal_the_dynamic_cache_bit_for_bit(qwen3):
     """The same keys in the same order reach the same SDPA call, so the logits are DynamicCache's exactly (a
     StaticCache's attention also sums over its empty slots: in bfloat16 SmolLM2's prefill logits moved by up to 0.6)."""
-    from foresight.engine.rollout import forward_chunks
+    from foresight.engine.rollout import Chunking, forward_chunks
 
     ids = torch.randint(8, 170, (2, 24))
     mask = torch.ones_like(ids, dtype=torch.bool)
@@ -52,7 +52,7 @@ def test_chunks_with_padding_equal_the_dynamic_cache_bit_for_bit(qwen3):
     logits = {}
     for name, cache in (("pre", PreallocatedCache(qwen3.config, 40)), ("dyn", DynamicCache())):
         with torch.no_grad():
-            logits[name] = torch.cat([lg for _, _, lg in forward_chunks(qwen3, cache, ids, mask, 8)], 1)
+            logits[name] = torch.cat([lg for _, _, lg in forward_chunks(qwen3, cache, ids, mask, Chunking(8))], 1)
         assert cache.get_seq_length() == 24
     assert torch.equal(logits["pre"], logits["dyn"])
 

@@ -5,7 +5,7 @@ import dataclasses
 
 import torch
 
-from foresight.engine.generate import Decoding, filter_logits, generate, sample_tokens
+from foresight.engine.generate import Decoding, GenerateOptions, filter_logits, generate, sample_tokens
 
 
 def test_topk_draw_has_the_distribution_of_the_filtered_vocabulary():
@@ -41,8 +41,9 @@ def test_min_tokens_keeps_eos_out_until_the_minimum(qwen3):
     forced = generate(qwen3, ids, max_new_tokens=20, decoding=Decoding(eos_token_id=eos, min_tokens=8))
     assert not (forced.new_tokens[:, :8] == eos).any()  # ... unless EOS is barred for the first 8
     assert forced.new_tokens.shape[1] >= 8
-    sampled = generate(qwen3, ids, max_new_tokens=20, generator=torch.Generator().manual_seed(0),
-                       decoding=Decoding(do_sample=True, top_k=5, eos_token_id=eos, min_tokens=12))
+    sampled = generate(qwen3, ids, max_new_tokens=20,
+                       decoding=Decoding(do_sample=True, top_k=5, eos_token_id=eos, min_tokens=12),
+                       options=GenerateOptions(generator=torch.Generator().manual_seed(0)))
     assert not (sampled.new_tokens[:, :12] == eos).any()
 
 
@@ -59,7 +60,7 @@ def test_checking_for_eos_every_few_tokens_returns_what_a_check_per_token_return
 
     def run(decoding, **kw):  # each row sampled by its own generator: its tokens do not depend on the others'
         gens = [torch.Generator().manual_seed(100 + i) for i in range(3)]
-        return generate(qwen3, ids, max_new_tokens=30, decoding=decoding, row_generators=gens, **kw)
+        return generate(qwen3, ids, max_new_tokens=30, decoding=decoding, **kw, options=GenerateOptions(row_generators=gens))
 
     free = [row.tolist() for row in run(dec).new_tokens]
     firsts = {t: [row.index(t) + 1 for row in free] for t in set(free[0]) & set(free[1]) & set(free[2])}
@@ -86,7 +87,7 @@ def test_the_vocabulary_projection_of_a_prefill_reads_contiguous_hidden_states(q
     chunks before the first eviction, and give the logits of the whole forward's last position."""
     from foresight.config.eviction import EvictionSettings
     from foresight.policies import make_policy
-    from foresight.engine.rollout import rollout
+    from foresight.engine.rollout import RolloutOptions, rollout
 
     seen = []
     hook = qwen3.get_output_embeddings().register_forward_pre_hook(
@@ -97,7 +98,8 @@ def test_the_vocabulary_projection_of_a_prefill_reads_contiguous_hidden_states(q
         settings = EvictionSettings(budget=16, interval=8)
         generate(qwen3, ids, max_new_tokens=2, policy=make_policy("h2o"), settings=settings)
         full = rollout(qwen3, ids)
-        rollout(qwen3, ids, policy=make_policy("tova"), settings=settings, full=(full.token_loss, full.token_entropy))
+        rollout(qwen3, ids, policy=make_policy("tova"), settings=settings,
+                options=RolloutOptions(full=(full.token_loss, full.token_entropy)))
     finally:
         hook.remove()
     prefills = [shape for shape, _ in seen if shape[1] == 1]

@@ -167,6 +167,7 @@ print((peak - base) * 1024)
 """
 
 
+@pytest.mark.slow
 def test_golden_memory_on_a_long_sequence_is_not_quadratic():
     """S=6000: one S×S fp32 map per query head would be 4 × 144 MB; the blockwise pass must stay far below."""
     res = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT], capture_output=True, text=True, timeout=600)

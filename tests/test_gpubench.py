@@ -23,6 +23,7 @@ POSITIVE = {"rollout": ("dense_s", "rollout_s", "ratio"), "group": ("dense_s", "
             "memory": ("largest_transient", "bound"), "launches": ("per_chunk_layer", "plain_per_chunk_layer", "ratio")}
 
 
+@pytest.mark.slow
 def test_cpu_smoke_run_writes_every_row(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     res = subprocess.run([sys.executable, "-m", "benchmarks.gpubench", *SMALL, "--out", str(tmp_path)], capture_output=True,

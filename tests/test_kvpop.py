@@ -221,6 +221,7 @@ def test_kvpop_sft_trains_saves_resumes_and_evaluates(tiny_model_dir, tmp_path, 
     assert cache.n <= 24 and cache.seen >= 30
 
 
+@pytest.mark.slow
 def test_kvpop_deepspeed_two_processes_equal_one_process(tiny_model_dir, tmp_path):
     import os
     import subprocess

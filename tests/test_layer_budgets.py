@@ -17,10 +17,10 @@ from foresight.config.eviction import EvictionSettings
 from foresight.config.recipe import load_recipe
 from foresight.evaluation.resume import eval_identity
 from foresight.evaluation.evaluate import run_eval
-from foresight.engine.generate import Decoding, generate
+from foresight.engine.generate import Decoding, GenerateOptions, generate
 from foresight.engine.cache.layer_budgets import HOLE, budgets, check, parse, weights
 from foresight.policies import make_policy
-from foresight.engine.rollout import rollout, shared_prefix
+from foresight.engine.rollout import RolloutOptions, rollout, shared_prefix
 
 L = 4
 SETTINGS = EvictionSettings(budget=12, interval=L)
@@ -142,7 +142,8 @@ def test_the_static_and_recorded_steps_decode_like_the_eager_one(qwen3, step):
     mask[1, :5] = 0
     settings = EvictionSettings(budget=24, interval=8, layer_budgets=["1:2"])  # 16 and 32
     runs = [generate(qwen3, ids, mask, max_new_tokens=50, policy=make_policy("h2o"), settings=settings,
-                     decoding=Decoding(do_sample=True, top_k=20), generator=torch.Generator().manual_seed(0), step=s)
+                     decoding=Decoding(do_sample=True, top_k=20),
+                     options=GenerateOptions(torch.Generator().manual_seed(0), step=s))
             for s in ("eager", step)]
     assert torch.equal(runs[1].new_tokens, runs[0].new_tokens)
     assert torch.allclose(runs[1].logprobs, runs[0].logprobs, atol=1e-5, rtol=0)
@@ -154,7 +155,7 @@ def test_a_shared_prefix_fork_and_whole_heads_combine(qwen3):
     ids = torch.randint(8, 170, (2, 50), generator=torch.Generator().manual_seed(3))
     settings = SETTINGS.replace(layer_budgets=["1:2"], whole_heads=["0:1"])
     a = rollout(qwen3, ids, make_policy("h2o"), settings)
-    b = rollout(qwen3, ids, make_policy("h2o"), settings, prefix=shared_prefix(qwen3, ids, settings))
+    b = rollout(qwen3, ids, make_policy("h2o"), settings, options=RolloutOptions(prefix=shared_prefix(qwen3, ids, settings)))
     assert torch.equal(a.token_loss, b.token_loss) and a.mean_held == b.mean_held
     assert a.mean_held > rollout(qwen3, ids, make_policy("h2o"), SETTINGS.replace(layer_budgets=["1:2"])).mean_held
 

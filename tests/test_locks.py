@@ -50,6 +50,7 @@ def test_a_failed_run_leaves_no_empty_folder_and_keeps_existing_ones(tmp_path):
             pass
 
 
+@pytest.mark.slow
 def test_two_concurrent_traces_runs_into_one_folder(tiny_model_dir, tmp_path):
     """Reproduction: two identical `foresight traces` started together into one folder. One runs, the other is
     refused at once with a clear message; the folder ends with a complete dataset."""
@@ -80,7 +81,7 @@ def test_an_evaluation_holds_its_folder_for_the_whole_run(tmp_path, monkeypatch)
     class Loaded(Exception):
         pass
 
-    def load_model(*_a, **_k):
+    def load_model(cfg, device=None):  # foresight.engine.models.load_model's parameters
         holder = json.loads((d / LOCK).read_text())
         assert holder["pid"] == os.getpid() and holder["stage"] == "eval"
         raise Loaded

@@ -26,6 +26,7 @@ def test_operations_per_chunk_and_layer_stay_bounded(model, policy):
     assert 0 < r["extra_per_chunk_layer"] <= EXTRA_OPS_BOUND[policy], r
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["h2o", "learned"])
 def test_prefill_working_memory_does_not_grow_with_the_prompt(model, policy):
     """Only the last position's logits are projected, the attention of a chunk is [b, H, L, B+L], an eviction copies
@@ -70,7 +71,7 @@ def test_layer_slices_change_no_kept_set(model, monkeypatch):
     set to 0) keep exactly the pairs of the one-pass computation and give the same losses."""
     from foresight.engine import features
     from foresight.config.eviction import EvictionSettings
-    from foresight.engine.rollout import rollout
+    from foresight.engine.rollout import RolloutOptions, rollout
 
     ids = torch.randint(10, 1000, (2, 640), generator=torch.Generator().manual_seed(1))
     policy = opcount.policy_for("learned", model)
@@ -78,8 +79,8 @@ def test_layer_slices_change_no_kept_set(model, monkeypatch):
 
     def run():
         kept = []
-        res = rollout(model, ids, policy, settings, generator=torch.Generator().manual_seed(0),
-                      recorder=lambda step: kept.append((step["chosen"], step["scores"])))
+        res = rollout(model, ids, policy, settings, recorder=lambda step: kept.append((step["chosen"], step["scores"])),
+                      options=RolloutOptions(generator=torch.Generator().manual_seed(0)))
         return res, kept
 
     one, kept_one = run()
@@ -94,7 +95,7 @@ def test_layer_slices_change_no_kept_set(model, monkeypatch):
 
 def test_a_recorded_decoding_step_leaves_the_host_a_few_operations_per_token(model):
     """Eager decoding dispatches the whole forward op by op at every token; with the step recorded
-    (``generate(step="graph")``) the host dispatches one replay plus its work between steps: the positions, greedy
+    (``GenerateOptions(step="graph")``) the host dispatches one replay plus its work between steps: the positions, greedy
     sampling, the EOS bookkeeping, and the eviction and statistics replay every L tokens (measured for H2O: 461.0
     against 29.2 over 128 tokens: the two eager steps before the recording are amortised). Host syncs: the EOS
     check every 16 tokens and the evictions, 0.07 per token (1.01 with a check at every token)."""

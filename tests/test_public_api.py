@@ -36,3 +36,20 @@ def test_importing_the_package_loads_neither_torch_nor_transformers():
     code = "import sys, foresight; print('torch' in sys.modules, 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False"]
+
+
+def test_every_module_of_the_library_benchmarks_and_studies_imports():
+    """The fast tier touches every module: each one imports (kvpress's adapter only where kvpress is installed)."""
+    import importlib
+    import importlib.util
+    import pkgutil
+
+    names = []
+    for root in ("foresight", "benchmarks", "studies"):
+        pkg = importlib.import_module(root)
+        names += [m.name for m in pkgutil.walk_packages(pkg.__path__, root + ".") if not m.name.endswith("__main__")]
+    if importlib.util.find_spec("kvpress.presses") is None:  # (tests/kvpress is a namespace "kvpress" on the path)
+        names.remove("foresight.integrations.kvpress")
+    assert len(names) > 90
+    for name in names:
+        importlib.import_module(name)

@@ -2,6 +2,7 @@
 the split guard, the goal checks, and the whole pipeline end to end on a tiny model (resumable, report written)."""
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -155,6 +156,7 @@ def test_ablation_and_sampler_tables_pair_each_row_with_the_main_one():
     assert realbench.reference_method(off) == "full"
 
 
+@pytest.mark.slow
 def test_realbench_runs_end_to_end_and_resumes(tiny_model_dir, tmp_path, monkeypatch):
     """Every stage on a tiny model and short traces; a second run trains and evaluates nothing again."""
     from studies.realbench import run as realbench
@@ -191,6 +193,7 @@ def test_realbench_runs_end_to_end_and_resumes(tiny_model_dir, tmp_path, monkeyp
     assert len(res["grpo"]["history"]) == 2 and {"kl", "clip_frac", "reward_mean"} <= set(res["grpo"]["history"][0])
     md = (tmp_path / "report/results.md").read_text()
     assert "## Goal checks" in md and "attn-only" in md and "| multinomial |" in md and "− main (paired 95% CI)" in md
+    assert "- **Machine:** " in md and f"{os.cpu_count()} cores" in md  # where it was measured, with command and commit
     width = load_recipe(ROOT / "recipes/tiny-qwen3.yaml").scorer.hidden  # the tiny recipe's scorer, from its config
     assert f"main: key + value + attention, width {width}, mean pooling" in md
     pred = res["predictability"]

@@ -5,38 +5,25 @@ import sys
 
 import pytest
 import torch
+from conftest import SFT_SETS as SETS
 
-from foresight.data import traces
-from foresight.scorers.checkpoint import load_scorer
 from foresight.config.recipe import load_recipe
-from foresight.training.ranking import lost_future
+from foresight.scorers.checkpoint import load_scorer
+from foresight.training.ranking import HingeSettings, lost_future
 from foresight.training.sft import pairwise_hinge, recall_at_l, train_sft
-
-SETS = ["task.facts=4", "task.variables=2", "task.filler=0", "task.scratch=0", "traces.num_prompts=6",
-        "traces.batch_size=3", "traces.require_correct=false", "traces.min_new_tokens=5", "traces.max_new_tokens=24",
-        "cache.budget=12", "cache.interval=4", "sft.steps=6", "sft.batch_traces=2", "sft.ckpt_every=3",
-        "sft.warmup=2"]
-
-
-@pytest.fixture
-def sft_setup(tiny_model_dir, tmp_path):
-    r = load_recipe("recipes/tiny-qwen3.yaml", [f"model.path={tiny_model_dir}", *SETS])
-    tdir = tmp_path / "traces"
-    traces.make_traces(r, tdir, progress=False, log=lambda *_: None)
-    return r, tdir
 
 
 def test_pairwise_hinge_all_and_sampled_agree_on_a_crafted_row():
     phi = torch.tensor([[3.0, 2.0, 1.0, 0.0]])  # perfectly ordered: i evicted before j when fut_i < fut_j
     fut = torch.tensor([[0.1, 0.2, 0.3, 0.4]])
     cand = torch.ones(1, 4, dtype=torch.bool)
-    loss, rows = pairwise_hinge(phi, fut, cand, margin=0.01)
+    loss, rows = pairwise_hinge(phi, fut, cand, HingeSettings(margin=0.01))
     assert rows == 1 and loss.item() == 0.0
     bad = phi.flip(-1)
-    loss, _ = pairwise_hinge(bad, fut, cand, margin=0.01)
+    loss, _ = pairwise_hinge(bad, fut, cand, HingeSettings(margin=0.01))
     # pairs (i<j): phi_i - phi_j = -(j-i); hinge = 0.01 + (j - i); mean over 6 pairs = 0.01 + 10/6
     assert abs(loss.item() - (0.01 + 10 / 6)) < 1e-6
-    s, _ = pairwise_hinge(bad, fut, cand, margin=0.01, mode="sampled", sampled=20000,
+    s, _ = pairwise_hinge(bad, fut, cand, HingeSettings(margin=0.01, pairs="sampled", sampled=20000),
                           generator=torch.Generator().manual_seed(0))
     assert abs(s.item() - loss.item()) < 0.05
     assert recall_at_l(phi, fut, cand, 2).item() == 1.0 and recall_at_l(bad, fut, cand, 2).item() == 0.0
@@ -61,20 +48,20 @@ def test_gap_weighted_pairs_count_a_costly_swap_more_than_a_near_tie():
                     den += w
         return num / den
 
-    uni = [pairwise_hinge(p, fut, cand, 0.01)[0].item() for p in (near_tie, costly)]
+    uni = [pairwise_hinge(p, fut, cand, HingeSettings(margin=0.01))[0].item() for p in (near_tie, costly)]
     assert abs(uni[0] - uni[1]) < 1e-6  # uniform: the same one swap of adjacent slots
-    gap = [pairwise_hinge(p, fut, cand, 0.01, weight="gap")[0].item() for p in (near_tie, costly)]
+    gap = [pairwise_hinge(p, fut, cand, HingeSettings(margin=0.01, weight="gap"))[0].item() for p in (near_tie, costly)]
     assert abs(gap[0] - brute(near_tie)) < 1e-6 and abs(gap[1] - brute(costly)) < 1e-6
     assert gap[1] > 100 * gap[0]
-    s, _ = pairwise_hinge(costly, fut, cand, 0.01, "sampled", 40000, generator=torch.Generator().manual_seed(0),
-                          weight="gap")
+    s, _ = pairwise_hinge(costly, fut, cand, HingeSettings(margin=0.01, pairs="sampled", sampled=40000, weight="gap"),
+                          generator=torch.Generator().manual_seed(0))
     assert abs(s.item() - gap[1]) < 0.05 * gap[1]
-    b, _ = pairwise_hinge(costly, fut, cand, 0.01, "boundary", 40000, generator=torch.Generator().manual_seed(0),
-                          k=3, weight="gap")
+    b, _ = pairwise_hinge(costly, fut, cand, HingeSettings(margin=0.01, pairs="boundary", sampled=40000, k=3, weight="gap"),
+                          generator=torch.Generator().manual_seed(0))
     # golden evicts slots 0-2 and keeps 3: pairs (0, 3), (1, 3), (2, 3), only the last one wrong (hinge 1.01)
     assert abs(b.item() - 1.01 * 0.497 / (0.499 + 0.498 + 0.497)) < 0.02
     with pytest.raises(ValueError, match="pair_weight"):
-        pairwise_hinge(costly, fut, cand, 0.01, weight="square")
+        pairwise_hinge(costly, fut, cand, HingeSettings(margin=0.01, weight="square"))
 
 
 def test_lost_future_weighs_a_miss_by_what_it_evicts_where_recall_does_not():
@@ -99,15 +86,16 @@ def test_boundary_pairs_count_only_the_golden_set_against_the_rest():
     cand = torch.tensor([[True, True, True, True, True, False]])  # the last slot is protected: never in a pair
     gen = torch.Generator().manual_seed(0)
     set_right = torch.tensor([[1.0, 2.0, 0.0, -1.0, -2.0, 5.0]])  # golden's 2 on top, reversed inside each set
-    loss, rows = pairwise_hinge(set_right, fut, cand, 0.01, "boundary", 256, generator=gen, k=2)
+    loss, rows = pairwise_hinge(set_right, fut, cand, HingeSettings(margin=0.01, pairs="boundary", sampled=256, k=2),
+                                generator=gen)
     assert rows == 1 and loss.item() == 0.0
-    assert pairwise_hinge(set_right, fut, cand, 0.01)[0].item() > 0  # all pairs: the inner order counts
+    assert pairwise_hinge(set_right, fut, cand, HingeSettings(margin=0.01))[0].item() > 0  # all pairs: the inner order counts
     swapped = torch.tensor([[1.0, -1.5, 0.0, -1.0, -2.0, 5.0]])  # slot 1 (golden evicts it) below slot 2 (kept)
-    loss, _ = pairwise_hinge(swapped, fut, cand, 0.01, "boundary", 4096, generator=gen, k=2)
+    loss, _ = pairwise_hinge(swapped, fut, cand, HingeSettings(margin=0.01, pairs="boundary", sampled=4096, k=2), generator=gen)
     # 1/6 of the pairs are (slot 1, slot 2) with hinge 0.01 + 1.5, and (slot 1, slot 3) 0.01 + 0.5: mean ≈ 1/6 * 2.02
     assert abs(loss.item() - 2.02 / 6) < 0.03
     with pytest.raises(ValueError, match="boundary"):
-        pairwise_hinge(swapped, fut, cand, 0.01, "boundary", 16, generator=gen, k=0)
+        pairwise_hinge(swapped, fut, cand, HingeSettings(margin=0.01, pairs="boundary", sampled=16, k=0), generator=gen)
 
 
 def test_sft_leaves_kvpop_to_its_own_stage_and_refuses_unknown_objectives(tmp_path):
@@ -173,6 +161,7 @@ def test_sft_trains_saves_and_resumes_exactly(sft_setup, tmp_path):
         assert torch.equal(v, final.state_dict()[k]), k
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("zero", ["zero2", "zero3"])
 def test_deepspeed_two_processes_equal_one_process_on_the_combined_batch(sft_setup, tmp_path, zero):
     from safetensors.torch import load_file
@@ -228,169 +217,3 @@ def test_resume_checks_what_it_resumes(sft_setup, tmp_path):
         train_sft(r, tdir, tmp_path / "other", **quiet)
 
 
-def test_stored_golden_examples_are_the_run_s_own_and_shared_between_runs(sft_setup, tmp_path, monkeypatch):
-    """sft.example_steps: the stored steps equal golden_examples' (inputs to float16), a scorer with fewer features
-    reads its own columns, and a second SFT run computes nothing."""
-    from foresight.training.golden_store import GoldenStore, golden_examples
-    from foresight.engine.models import load_model
-    from foresight.scorers.bank import bank_for_model
-    from foresight.data.trace_data import load_traces
-
-    monkeypatch.setenv("FORESIGHT_CACHE", str(tmp_path / "cache"))
-    r, tdir = sft_setup
-    model, _ = load_model(r.model)
-    ds = load_traces(tdir)
-    store = GoldenStore(model, r.cache, "mean", steps=2, seed=0)
-    row = ds[0]
-    for feats in (("key", "value", "attn"), ("attn",), ("key", "value"), ("key", "value", "attn", "age"), ("attn", "age"),
-                  ("key", "value", "attn", "heads", "age"), ("heads",), ("key", "value", "attn", "ahead"),
-                  ("ahead", "age", "key")):
-        bank = bank_for_model(model, features=feats)
-        ref = golden_examples(model, torch.tensor([row["input_ids"]]), bank, r.cache, prompt_len=row["prompt_len"])
-        got = store.examples(row, bank)
-        picked = torch.load(store.path(row))["steps"]
-        assert len(got) == min(2, len(ref)) and len(ref) > 2
-        for (x, f, c), k in zip(got, picked):
-            assert x.shape == ref[k][0].shape
-            assert torch.allclose(x, ref[k][0], atol=2e-3 * (1 + ref[k][0].abs().max().item()))
-            assert torch.equal(f, ref[k][1]) and torch.equal(c, ref[k][2])
-    monkeypatch.setenv("FORESIGHT_CACHE", str(tmp_path / "cache-batched"))
-    batched = GoldenStore(model, r.cache, "mean", steps=2, seed=0)
-    rows = [dict(ds[i], input_ids=ds[i]["input_ids"][:len(ds[i]["input_ids"]) - 3 * i]) for i in range(len(ds))]
-    assert len({len(x["input_ids"]) for x in rows}) == len(rows) > 2  # rows of several lengths: padding is tested
-    assert batched.fill(list(range(len(rows))), rows, progress=False) == len(rows)
-    monkeypatch.setenv("FORESIGHT_CACHE", str(tmp_path / "cache-single"))
-    single = GoldenStore(model, r.cache, "mean", steps=2, seed=0)
-    for i in range(len(rows)):  # a batch of right-padded traces stores what each trace alone gives
-        a, b = torch.load(batched.path(rows[i])), single.compute(rows[i])
-        assert a["steps"] == b["steps"]
-        assert torch.allclose(a["x"].float(), b["x"].float(), atol=2e-3 * (1 + b["x"].float().abs().max().item()))
-        assert torch.allclose(a["future"], b["future"], atol=1e-5) and torch.equal(a["cand"], b["cand"])
-        assert torch.equal(a["age"], b["age"])
-    monkeypatch.setenv("FORESIGHT_CACHE", str(tmp_path / "cache"))
-    r2 = load_recipe("recipes/tiny-qwen3.yaml", [f"model.path={r.model.path}", *SETS, "sft.example_steps=2"])
-    train_sft(r2, tdir, tmp_path / "a", progress=False, log=lambda *_: None)
-    files = sorted(store.folder.glob("trace-*.pt"))
-    assert len(files) >= 3 and all(p.parent == store.folder for p in files)
-    stamps = {p: p.stat().st_mtime_ns for p in files}
-    traces.make_traces(r, tdir, progress=False, log=lambda *_: None)  # merged again (a new date): the same traces
-    r3 = load_recipe("recipes/tiny-qwen3.yaml", [f"model.path={r.model.path}", *SETS, "sft.example_steps=2",
-                                                 "scorer.features=[attn]", "scorer.hidden=8"])
-    _, m = train_sft(r3, tdir, tmp_path / "b", progress=False, log=lambda *_: None)
-    assert {p: p.stat().st_mtime_ns for p in files} == stamps  # shared, not recomputed
-    assert 0 < m["val_recall_at_L"] <= 1
-
-
-def test_example_seed_lets_another_sft_seed_reuse_the_stored_examples(sft_setup, tmp_path, monkeypatch):
-    """sft.example_seed: a second SFT seed that keeps the first's example seed reads the stored golden examples (none
-    computed) and still trains another scorer; without it, the seed picks other steps, in a store of its own."""
-    from foresight.scorers.checkpoint import load_scorer
-
-    monkeypatch.setenv("FORESIGHT_CACHE", str(tmp_path / "cache"))
-    r, tdir = sft_setup
-    base = [f"model.path={r.model.path}", *SETS, "sft.example_steps=2"]
-
-    def run(name, *extra):
-        train_sft(load_recipe("recipes/tiny-qwen3.yaml", [*base, *extra]), tdir, tmp_path / name, progress=False,
-                  log=lambda *_: None)
-
-    run("s0")
-    (folder,) = {p.parent for p in (tmp_path / "cache").rglob("trace-*.pt")}
-    stamps = {p: p.stat().st_mtime_ns for p in folder.glob("trace-*.pt")}
-    run("s1-shared", "sft.seed=1", "sft.example_seed=0")
-    assert {p.parent for p in (tmp_path / "cache").rglob("trace-*.pt")} == {folder}  # no other store
-    assert {p: p.stat().st_mtime_ns for p in folder.glob("trace-*.pt")} == stamps  # nothing recomputed
-    a, b = (load_scorer(tmp_path / n)[0] for n in ("s0", "s1-shared"))
-    assert not torch.equal(a.w1, b.w1)  # the seed still sets the initialisation and the batches
-    run("s1", "sft.seed=1")
-    assert len({p.parent for p in (tmp_path / "cache").rglob("trace-*.pt")}) == 2  # its own steps, its own store
-    with pytest.raises(ValueError, match="sft.example_seed"):
-        load_recipe("recipes/tiny-qwen3.yaml", [*base, "sft.example_seed=-1"])
-
-
-def test_onpolicy_states_follow_the_scorer_with_golden_labels(sft_setup, tmp_path, monkeypatch):
-    """sft.onpolicy (a DAgger round): the store follows the given scorer's own top-L trajectory and labels its states
-    with golden's future scores; SFT starts from that scorer and adds those states; bad settings are refused."""
-    from foresight.targets.golden import GoldenPolicy, block_pooled_attention
-    from foresight.training.golden_store import GoldenStore
-    from foresight.engine.models import load_model
-    from foresight.engine.rollout import rollout
-    from foresight.scorers.bank import LearnedPolicy
-    from foresight.data.trace_data import load_traces
-
-    monkeypatch.setenv("FORESIGHT_CACHE", str(tmp_path / "cache"))
-    r, tdir = sft_setup
-    base = [f"model.path={r.model.path}", *SETS, "sft.example_steps=2"]
-    first, _ = train_sft(load_recipe("recipes/tiny-qwen3.yaml", base), tdir, tmp_path / "a", progress=False,
-                         log=lambda *_: None)
-    model, _ = load_model(r.model)
-    row = load_traces(tdir)[0]
-    own = GoldenStore(model, r.cache, "mean", steps=2, seed=0, behaviour=first)
-    golden = GoldenStore(model, r.cache, "mean", steps=2, seed=0)
-    assert own.folder != golden.folder
-    data = own.compute(row)
-    ids = torch.tensor([row["input_ids"]])
-    gold = GoldenPolicy(block_pooled_attention(model, ids, r.cache).future())
-    seen = {}
-
-    def rec(st):
-        seen[st["step"]] = (own.full.inputs(st["view"]), gold.future_scores(st["view"]), st["evictable"])
-
-    rollout(model, ids, LearnedPolicy(first), r.cache, prompt_len=row["prompt_len"], recorder=rec)
-    for k, step in enumerate(data["steps"]):
-        x, f, c = seen[step]
-        assert torch.allclose(data["x"][k].float(), x, atol=2e-3 * (1 + x.abs().max().item()))
-        assert torch.equal(data["future"][k], f) and torch.equal(data["cand"][k], c)
-    assert not torch.equal(data["x"], golden.compute(row)["x"])  # another trajectory: other states
-    tuned, m = train_sft(load_recipe("recipes/tiny-qwen3.yaml", [*base, f"sft.onpolicy={tmp_path / 'a'}", "sft.lr=1e-12"]),
-                         tdir, tmp_path / "b", progress=False, log=lambda *_: None)
-    assert all(torch.allclose(p, q, atol=1e-9) for p, q in zip(tuned.parameters(), first.parameters()))  # from `first`
-    assert 0 <= m["val_recall_at_L_onpolicy_states"] <= 1
-    with pytest.raises(ValueError, match="example_steps"):
-        train_sft(load_recipe("recipes/tiny-qwen3.yaml", [*base, "sft.example_steps=0", f"sft.onpolicy={tmp_path / 'a'}"]),
-                  tdir, tmp_path / "c", progress=False, log=lambda *_: None)
-    with pytest.raises(ValueError, match="set one of them"):
-        train_sft(load_recipe("recipes/tiny-qwen3.yaml", [*base, f"sft.init={tmp_path}", f"sft.onpolicy={tmp_path / 'a'}"]),
-                  tdir, tmp_path / "e", progress=False, log=lambda *_: None)
-    with pytest.raises(ValueError, match="not the recipe's"):
-        train_sft(load_recipe("recipes/tiny-qwen3.yaml", [*base, "scorer.hidden=8", f"sft.onpolicy={tmp_path / 'a'}"]),
-                  tdir, tmp_path / "d", progress=False, log=lambda *_: None)
-
-
-def test_several_training_budgets_average_their_losses(sft_setup, tmp_path, monkeypatch):
-    """sft.budgets: each budget's golden examples are stored on their own, the training loss is the mean of the
-    budgets' losses (a one-budget run's loss is that budget's), each budget's validation recall is reported, and bad
-    settings are refused."""
-    from foresight.training.golden_store import GoldenStore
-    from foresight.engine.models import load_model
-    from foresight.scorers.bank import bank_for_model
-    from foresight.training.sft import budgets_loss, example_loss, training_settings
-    from foresight.data.trace_data import load_traces
-    from foresight.config.checks import RecipeError
-
-    monkeypatch.setenv("FORESIGHT_CACHE", str(tmp_path / "cache"))
-    r, tdir = sft_setup
-    base = [f"model.path={r.model.path}", *SETS, "sft.example_steps=2"]
-    multi = load_recipe("recipes/tiny-qwen3.yaml", [*base, "sft.budgets=8:4,16:4"])
-    settings = training_settings(multi)
-    assert [(s.budget, s.interval) for s in settings] == [(8, 4), (16, 4)]
-    assert training_settings(load_recipe("recipes/tiny-qwen3.yaml", base)) == [r.cache]
-    bank, m = train_sft(multi, tdir, tmp_path / "multi", progress=False, log=lambda *_: None)
-    model, _ = load_model(r.model)
-    stores = [GoldenStore(model, s, "mean", steps=2, seed=0) for s in settings]
-    row = load_traces(tdir)[0]
-    assert stores[0].folder != stores[1].folder and all(st.path(row).exists() for st in stores)
-    assert set(m["val_recall_at_L_per_budget"]) == {"8:4", "16:4"}
-    fresh = bank_for_model(model, hidden=r.scorer.hidden)
-    cfg = multi.sft
-    groups = [(s.interval, st.examples(row, fresh)) for s, st in zip(settings, stores)]
-    per = [example_loss(fresh, ex, cfg, k, torch.Generator().manual_seed(0)) for k, ex in groups]
-    loss, rec = budgets_loss(fresh, groups, cfg, torch.Generator().manual_seed(0))
-    assert per[0][0].item() != pytest.approx(per[1][0].item())  # the budgets' examples differ
-    assert loss.item() == pytest.approx((per[0][0].item() + per[1][0].item()) / 2, rel=1e-5)
-    assert torch.allclose(rec, (per[0][1] + per[1][1]) / 2)
-    with pytest.raises(RecipeError, match="sft.budgets"):
-        load_recipe("recipes/tiny-qwen3.yaml", [*base, "sft.budgets=8:8"])
-    with pytest.raises(ValueError, match="sft.budgets"):
-        train_sft(load_recipe("recipes/tiny-qwen3.yaml", [*base, "sft.budgets=8:4,16:4", f"sft.onpolicy={tmp_path / 'multi'}"]),
-                  tdir, tmp_path / "c", progress=False, log=lambda *_: None)

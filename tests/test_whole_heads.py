@@ -12,7 +12,7 @@ from foresight.config.recipe import load_recipe
 from foresight.evaluation.resume import eval_identity
 from foresight.engine.generate import generate
 from foresight.policies import make_policy
-from foresight.engine.rollout import rollout, shared_prefix
+from foresight.engine.rollout import RolloutOptions, rollout, shared_prefix
 from foresight.engine.static_step import StaticDecoder
 from foresight.engine.cache.whole_heads import parse
 
@@ -117,7 +117,7 @@ def test_a_rollout_from_a_shared_prefix_makes_its_own_store_bit_for_bit(qwen3):
     settings = SMALL.replace(whole_heads=["1:1"])
     a = rollout(qwen3, ids, make_policy("h2o"), settings, attention_mask=mask)
     prefix = shared_prefix(qwen3, ids, settings, attention_mask=mask)
-    b = rollout(qwen3, ids, make_policy("h2o"), settings, attention_mask=mask, prefix=prefix)
+    b = rollout(qwen3, ids, make_policy("h2o"), settings, attention_mask=mask, options=RolloutOptions(prefix=prefix))
     assert torch.equal(a.token_loss, b.token_loss) and a.mean_held == b.mean_held
 
 

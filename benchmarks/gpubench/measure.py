@@ -82,21 +82,22 @@ def dense_fn(model, ids):
 
 
 def rollout_fn(model, ids, policy: str, eviction: EvictionSettings, seed: int = 0, step: str = "eager"):
-    from foresight.engine.rollout import rollout
+    from foresight.engine.rollout import RolloutOptions, rollout
 
     pol = _policy(policy, model)  # stateless: the statistics live in each rollout's cache
 
     def run():
-        rollout(model, ids, pol, eviction, generator=torch.Generator(device=ids.device).manual_seed(seed), step=step)
+        rollout(model, ids, pol, eviction,
+                options=RolloutOptions(torch.Generator(device=ids.device).manual_seed(seed), step=step))
     return run
 
 
 def generate_with(model, ids, policy: str, s: BenchSettings, new_tokens: int, step: str = "eager"):
-    from foresight.engine.generate import generate
+    from foresight.engine.generate import GenerateOptions, generate
 
     pol = _policy(policy, model)
     return generate(model, ids, max_new_tokens=new_tokens, policy=pol, settings=None if pol is None else s.eviction,
-                    generator=torch.Generator(device=ids.device).manual_seed(s.seed), step=step)
+                    options=GenerateOptions(torch.Generator(device=ids.device).manual_seed(s.seed), step=step))
 
 
 class Row:

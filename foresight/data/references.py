@@ -24,7 +24,7 @@ import torch
 from foresight.data import prompts
 
 from foresight.runtime import atomic
-from foresight.engine.generate import Decoding, generate
+from foresight.engine.generate import Decoding, GenerateOptions, generate
 from foresight.engine.models import resolve_path
 from foresight.engine.rollout import rollout
 
@@ -87,7 +87,7 @@ def reference_traces(recipe, model, tok, problems, device, use_cache: bool = Tru
         ids, mask = prompts.pad_rows([rows[i] for i in part], tok.pad_token_id, device)
         gens = [torch.Generator(device=device).manual_seed(seed * 1_000_003 + problems[i].index) for i in part]
         out = generate(model, ids, mask, max_new_tokens=recipe.traces.max_new_tokens, decoding=decoding,
-                       row_generators=gens if decoding.do_sample else None)
+                       options=GenerateOptions(row_generators=gens if decoding.do_sample else None))
         news = [decoding.truncate(n) for n in out.new_tokens.tolist()]
         seqs = [rows[i] + n for i, n in zip(part, news)]
         full_ids, full_mask = prompts.pad_rows(seqs, tok.pad_token_id, device, side="right")

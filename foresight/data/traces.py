@@ -35,10 +35,10 @@ from foresight.data import prompts
 
 from foresight.runtime import atomic, distributed
 from foresight.data.completions import RemoteGenerator
-from foresight.engine.generate import Decoding, generate
+from foresight.engine.generate import Decoding, GenerateOptions, generate
 from foresight.runtime.locks import locks_output
 from foresight.engine.models import load_model
-from foresight.engine.rollout import rollout
+from foresight.engine.rollout import RolloutOptions, rollout
 from foresight.data.trace_data import TraceDataError, publish
 
 TRACE_SECTIONS = ("model", "task", "traces")
@@ -150,7 +150,8 @@ def generate_batch(recipe, model, tok, rows: list[list[int]], seed: int, device)
     ids, mask = prompts.pad_rows(rows, tok.pad_token_id, device)
     gen = torch.Generator(device=device).manual_seed(seed)
     decoding = Decoding.from_recipe(recipe.traces, tok)
-    res = generate(model, ids, mask, max_new_tokens=recipe.traces.max_new_tokens, decoding=decoding, generator=gen)
+    res = generate(model, ids, mask, max_new_tokens=recipe.traces.max_new_tokens, decoding=decoding,
+                   options=GenerateOptions(generator=gen))
     return [decoding.truncate(new) for new in res.new_tokens.tolist()]
 
 
@@ -172,7 +173,7 @@ def keep_and_score(recipe, model, tok, batch: list, rows: list, news: list, devi
         if len(new) < traces_cfg.min_new_tokens:
             continue
         seq = torch.tensor([row + new], device=device)
-        full = rollout(model, seq, policy=None, chunk=traces_cfg.loss_chunk)
+        full = rollout(model, seq, policy=None, options=RolloutOptions(chunk=traces_cfg.loss_chunk))
         records.append({
             "prompt_index": p.index, "input_ids": row + new, "prompt_len": len(row), "answer": p.answer or "",
             "correct": correct, "num_new_tokens": len(new), "text": text,

@@ -16,7 +16,7 @@ import torch
 from foresight.config.eviction import EvictionSettings
 from foresight.engine.cache.full import PreallocatedCache
 from foresight.engine.recorded import capture_for, model_step
-from foresight.engine.rollout import forward_chunks, make_cache
+from foresight.engine.rollout import Chunking, forward_chunks, make_cache
 from foresight.engine.static_step import StaticDecoder
 
 
@@ -103,22 +103,35 @@ class GenerationResult:
     cache: object
 
 
+@dataclasses.dataclass(frozen=True)
+class GenerateOptions:
+    """How :func:`generate` runs, beyond the prompts, the policy, its settings and the decoding.
+
+    ``generator``: seeds sampling, the eviction sampler and random policies. ``row_generators`` (one per row): seed
+    each row's sampling on its own, so that a row's tokens do not depend on the rest of the batch.
+    ``prefill_chunk``: the full cache's prompt tokens per prefill chunk (a bounded cache's chunks end at its eviction
+    points). ``step``: how a bounded cache's decoding steps run: ``"eager"`` (default), ``"static"`` (the capturable
+    step of :mod:`foresight.engine.static_step`: static shapes, positions on the device), ``"graph"`` (that step
+    recorded once and replayed: a CUDA graph on CUDA, a ``torch.fx`` graph of its operations elsewhere). Static steps
+    attend over the whole capacity, so their values equal the eager ones up to float rounding. ``None``: the model's
+    (:func:`foresight.engine.recorded.set_model_step`; a full cache always decodes eagerly)."""
+
+    generator: torch.Generator | None = None
+    row_generators: list | None = None
+    prefill_chunk: int = 1024
+    step: str | None = None
+
+
 @torch.no_grad()
 def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, max_new_tokens: int = 256,
              policy=None, settings: EvictionSettings | None = None, decoding: Decoding = Decoding(),
-             generator: torch.Generator | None = None, prefill_chunk: int = 1024,
-             row_generators: list | None = None, step: str | None = None) -> GenerationResult:
+             options: GenerateOptions = GenerateOptions()) -> GenerationResult:
     """Generate up to ``max_new_tokens`` after the left-padded prompts ``input_ids`` [b, P] (``attention_mask``:
     0 = padding) with a bounded cache evicting by ``policy`` under ``settings`` (``policy=None``: the full cache,
-    prefilled ``prefill_chunk`` tokens at a time). The prompt is protected with ``settings.protect_prompt``;
-    ``generator`` seeds sampling, the eviction sampler and random policies; ``row_generators`` (one per row) seed
-    each row's sampling on its own, so that a row's tokens do not depend on the rest of the batch.
-
-    ``step``: how a bounded cache's decoding steps run: ``"eager"`` (default), ``"static"`` (the capturable step of
-    :mod:`foresight.engine.static_step`: static shapes, positions on the device), ``"graph"`` (that step recorded once and
-    replayed: a CUDA graph on CUDA, a ``torch.fx`` graph of its operations elsewhere). Static steps attend over the
-    whole capacity, so their values equal the eager ones up to float rounding. ``None``: the model's
-    (:func:`foresight.engine.recorded.set_model_step`; a full cache always decodes eagerly)."""
+    prefilled ``options.prefill_chunk`` tokens at a time). The prompt is protected with ``settings.protect_prompt``;
+    ``decoding``: greedy or sampled, and when rows stop. ``options``: the generators, the prefill chunk and the
+    decoding step (:class:`GenerateOptions`)."""
+    generator, row_generators, step = options.generator, options.row_generators, options.step
     explicit = step is not None
     step = model_step(model, step)
     if step != "eager" and policy is None:
@@ -137,8 +150,8 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
     else:
         cache = make_cache(model, policy, settings, prompt_len=P, generator=generator)
     logits = None
-    for _, _, chunk_logits in forward_chunks(model, cache, input_ids, mask, prefill_chunk, logits_from=P,
-                                             step="graph" if step == "graph" else "eager"):
+    prefill = Chunking(options.prefill_chunk, logits_from=P, step="graph" if step == "graph" else "eager")
+    for _, _, chunk_logits in forward_chunks(model, cache, input_ids, mask, prefill):
         logits = chunk_logits[:, -1]
     next_pos = mask.long().sum(-1)  # position of the first generated token
     decoder = None

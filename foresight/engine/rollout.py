@@ -70,26 +70,41 @@ def last_position(q: int, device) -> torch.Tensor:
     return torch.tensor([q - 1], device=device)
 
 
-def forward_chunks(model, cache, input_ids: torch.Tensor, mask: torch.Tensor, chunk: int, logits_from: int = 0,
-                   step: str | None = None, start: int = 0, before_eviction: bool = False):
+@dataclasses.dataclass(frozen=True)
+class Chunking:
+    """How :func:`forward_chunks` feeds its rows.
+
+    ``chunk``: a full cache's tokens per chunk (a bounded cache's chunks end at its eviction points). ``logits_from``:
+    a chunk that ends at or before this position yields only its last position's logits (a prefill). ``step``:
+    ``"graph"`` (bounded caches) records the chunks that repeat once and replays them; ``None``: the model's
+    (:func:`foresight.engine.recorded.set_model_step`). ``start``: the first token to feed (a cache forked after a
+    shared prefix, :mod:`foresight.engine.cache.fork`). ``before_eviction``: stop where the next chunk would evict
+    (a bounded cache's prefix pass)."""
+
+    chunk: int = 1024
+    logits_from: int = 0
+    step: str | None = None
+    start: int = 0
+    before_eviction: bool = False
+
+
+def forward_chunks(model, cache, input_ids: torch.Tensor, mask: torch.Tensor, how: Chunking = Chunking()):
     """Feed ``input_ids`` [b, S] (``mask`` bool [b, S], False = left padding) through ``model`` in chunks: up to
-    each eviction point of a :class:`BoundedCache`, ``chunk`` tokens at a time for a full cache. Yields
-    ``(start, end, logits [b, end - start, V])``; a chunk that ends at or before ``logits_from`` yields only its last
-    position's logits ``[b, 1, V]`` (a prefill: the vocabulary projection of one position per row).
+    each eviction point of a :class:`BoundedCache`, ``how.chunk`` tokens at a time for a full cache. Yields
+    ``(start, end, logits [b, end - start, V])``; a chunk that ends at or before ``how.logits_from`` yields only its
+    last position's logits ``[b, 1, V]`` (a prefill: the vocabulary projection of one position per row).
 
-    ``step="graph"`` (bounded caches): chunks that repeat (same size, slots and layout: every chunk after the first
-    eviction) are recorded once and replayed (:class:`~foresight.engine.recorded.RecordedChunks`); their logits are then a
-    buffer the next chunk overwrites. ``None``: the model's (:func:`foresight.engine.recorded.set_model_step`).
-
-    ``start``: the first token to feed (a cache forked after a shared prefix, :mod:`foresight.engine.cache.fork`);
-    ``before_eviction``: stop where the next chunk would evict (a bounded cache's prefix pass)."""
-    step = model_step(model, step)
+    ``how.step="graph"`` (bounded caches): chunks that repeat (same size, slots and layout: every chunk after the
+    first eviction) are recorded once and replayed (:class:`~foresight.engine.recorded.RecordedChunks`); their logits
+    are then a buffer the next chunk overwrites. The other fields: see :class:`Chunking`."""
+    chunk, logits_from, before_eviction = how.chunk, how.logits_from, how.before_eviction
+    step = model_step(model, how.step)
     S = input_ids.shape[1]
     positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
     bounded = isinstance(cache, BoundedCache)
     recorded = RecordedChunks(model, cache, capture_for(input_ids.device)) if bounded and step == "graph" else None
     all_real = bounded and bool(mask.all())  # checked once here, not by the cache on every chunk
-    s = start
+    s = how.start
     while s < S and not (before_eviction and cache.slots is not None and cache.scheduled >= cache.capacity):
         q = cache.next_chunk(S - s) if bounded else min(chunk, S - s)
         kw = cache.feed(mask[:, s:s + q], all_real) if bounded else {"attention_mask": mask[:, : s + q].long()}
@@ -140,14 +155,14 @@ class Prefix:
         return self.cache.seen
 
 
-def _feed(model, cache, input_ids, mask, chunk: int, prog: _Progress, known: int, full, entropy: bool, step: str,
-          start: int = 0, before_eviction: bool = False) -> int:
-    """Teacher-force ``input_ids`` from ``start`` (to the end, or to the first eviction) into ``prog``; returns the
-    tokens fed by then."""
+def _feed(model, cache, input_ids, mask, how: Chunking, prog: _Progress, full, entropy: bool) -> int:
+    """Teacher-force ``input_ids`` from ``how.start`` (to the end, or to the first eviction) into ``prog``; returns
+    the tokens fed by then. Positions up to ``how.logits_from`` take the full cache's values ``full``; ``how.step``
+    is the model's step, already resolved."""
     bounded = isinstance(cache, BoundedCache)
-    end = start
-    for s, end, logits in forward_chunks(model, cache, input_ids, mask, chunk, logits_from=known, step=step,
-                                         start=start, before_eviction=before_eviction):
+    known, step = how.logits_from, how.step
+    end = how.start
+    for s, end, logits in forward_chunks(model, cache, input_ids, mask, how):
         q = end - s
         if end <= known:  # before any eviction: the full cache's values
             prog.loss[:, s:end], prog.ent[:, s:end] = full[0][:, s:end], full[1][:, s:end]
@@ -170,21 +185,49 @@ def _feed(model, cache, input_ids, mask, chunk: int, prog: _Progress, known: int
     return end
 
 
+@dataclasses.dataclass(frozen=True)
+class RolloutOptions:
+    """How :func:`rollout` runs, beyond the rows, the policy and its settings.
+
+    ``generator``: seeds the eviction sampler and random policies. ``chunk``: the full cache's tokens per chunk
+    (``policy=None``; fewer where the logits' memory demands it). ``full``: the full cache's (token_loss,
+    token_entropy) of the same rows, when known (evaluation): no eviction happens before B + L tokens (the cache's
+    capacity is at least that), so those positions take the full cache's values and skip the vocabulary projection.
+    ``entropy=False``: only the losses (token_entropy is zero past those positions). ``step="graph"``: the chunks
+    after the first eviction are recorded once and replayed (see :func:`forward_chunks`; ``None``: the model's, eager
+    unless ``load_model`` was given ``model.step``); the results are bit-identical. ``prefix``: a
+    :func:`shared_prefix` of these rows (each repeated ``b / rows`` times in place) under the same settings: the
+    rollout continues from a fork of its cache instead of from token 0 (the same results when the prefix ran the
+    policy's attention path, bit for bit where the batch is the prefix's).
+
+    :func:`shared_prefix` reads ``full``, ``entropy`` and ``step`` only, and refuses a ``generator`` or a ``prefix``."""
+
+    generator: torch.Generator | None = None
+    chunk: int = 1024
+    full: tuple | None = None
+    entropy: bool = True
+    step: str | None = None
+    prefix: Prefix | None = None
+
+
 @torch.no_grad()
 def shared_prefix(model, input_ids: torch.Tensor, settings: EvictionSettings, prompt_len: int | None = None,
-                  attention_mask: torch.Tensor | None = None, probabilities: bool = True, full=None, entropy: bool = True,
-                  step: str | None = None) -> Prefix:
+                  attention_mask: torch.Tensor | None = None, probabilities: bool = True,
+                  options: RolloutOptions = RolloutOptions()) -> Prefix:
     """The part of a bounded rollout that is the same for every policy under ``settings``: ``input_ids`` fed up to
     the first eviction (``B + L`` tokens, plus a protected prompt), for :func:`rollout`'s ``prefix`` to continue from.
     ``probabilities``: for policies that read attention statistics accumulated from the probabilities (or that record
     their steps), else for those that read none or only the window sums (:mod:`foresight.engine.cache.fork`); the other
-    arguments as :func:`rollout`'s."""
-    step = model_step(model, step)
+    arguments as :func:`rollout`'s (of ``options``: ``full``, ``entropy`` and ``step``)."""
+    if options.generator is not None or options.prefix is not None:
+        raise ValueError("shared_prefix: a shared prefix runs no policy: no generator and no prefix of its own")
+    full, entropy = options.full, options.entropy
+    step = model_step(model, options.step)
     mask = _mask(input_ids, attention_mask)
     cache = BoundedCache(model.config, PrefixPolicy(probabilities), settings, prompt_len=prompt_len)
     prog = _Progress.empty(*input_ids.shape, input_ids.device)
     known = cache.min_budget + settings.interval if full is not None else 0  # no eviction before
-    end = _feed(model, cache, input_ids, mask, 0, prog, known, full, entropy, step, before_eviction=True)
+    end = _feed(model, cache, input_ids, mask, Chunking(0, known, step, before_eviction=True), prog, full, entropy)
     return Prefix(cache, prog, input_ids, mask, entropy or end <= known)
 
 
@@ -194,24 +237,19 @@ def _mask(input_ids, attention_mask):
 
 @torch.no_grad()
 def rollout(model, input_ids: torch.Tensor, policy=None, settings: EvictionSettings | None = None,
-            prompt_len: int | None = None, attention_mask: torch.Tensor | None = None,
-            generator: torch.Generator | None = None, recorder=None, chunk: int = 1024, full=None,
-            entropy: bool = True, step: str | None = None, prefix: Prefix | None = None) -> RolloutResult:
+            prompt_len: int | None = None, attention_mask: torch.Tensor | None = None, recorder=None,
+            options: RolloutOptions = RolloutOptions()) -> RolloutResult:
     """Teacher-force ``input_ids`` [b, S] (``attention_mask``: 0 = left padding) through ``model`` with a bounded
-    cache evicting by ``policy`` under ``settings`` (``policy=None``: the full cache, in chunks of ``chunk``).
+    cache evicting by ``policy`` under ``settings`` (``policy=None``: the full cache, in chunks of
+    ``options.chunk``).
 
     ``prompt_len``: for ``settings.protect_prompt``. ``recorder(step_dict)`` is called at every eviction (see
-    :meth:`BoundedCache.evict`); ``generator`` seeds the sampler and random policies. ``full``: the full cache's
-    (token_loss, token_entropy) of the same rows, when known (evaluation): no eviction happens before B + L tokens
-    (the cache's capacity is at least that), so those positions take the full cache's values and skip the vocabulary
-    projection. ``entropy=False``: only the losses (token_entropy is zero past those positions). ``step="graph"``:
-    the chunks after the first eviction are recorded once and replayed (see :func:`forward_chunks`; ``None``: the
-    model's, eager unless ``load_model`` was given ``model.step``); the results are bit-identical. ``prefix``: a
-    :func:`shared_prefix` of these rows (each repeated ``b / rows`` times in place) under the same settings: the
-    rollout continues from a fork of its cache instead of from token 0 (the same results when the prefix ran the
-    policy's attention path, bit for bit where the batch is the prefix's).
+    :meth:`BoundedCache.evict`). ``options``: the generator, the full cache's values when known, losses only, the
+    step and a shared prefix to continue from (:class:`RolloutOptions`).
     """
-    step = model_step(model, step)
+    generator, chunk, full, entropy, prefix = (options.generator, options.chunk, options.full, options.entropy,
+                                               options.prefix)
+    step = model_step(model, options.step)
     b, S = input_ids.shape
     dev = input_ids.device
     if policy is None:  # a full-cache pass: chunks no larger than the logits' memory allows
@@ -226,7 +264,7 @@ def rollout(model, input_ids: torch.Tensor, policy=None, settings: EvictionSetti
         cache = make_cache(model, policy, settings, prompt_len, recorder, generator)
         prog = _Progress.empty(b, S, dev)
     known = cache.min_budget + settings.interval if (full is not None and policy is not None) else 0  # no eviction before
-    _feed(model, cache, input_ids, attention_mask, chunk, prog, known, full, entropy, step, start=start)
+    _feed(model, cache, input_ids, attention_mask, Chunking(chunk, known, step, start), prog, full, entropy)
     loss, ent = prog.loss, prog.ent
     held = prog.held * attention_mask
     valid = attention_mask.clone()

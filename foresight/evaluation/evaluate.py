@@ -57,19 +57,19 @@ from foresight.evaluation.methods import Method, build_methods, check_names
 from foresight.engine.models import load_model
 from foresight.data.references import make_batch, reference_traces, stack_padded, trace_batches
 from foresight.evaluation.report import results_table
-from foresight.engine.rollout import rollout
+from foresight.engine.rollout import RolloutOptions, rollout
 from foresight.engine.selection import top_indices, topk_overlap
 from foresight.engine.attention_shape import AttentionShape
-from foresight.evaluation.shared_prefixes import SharedPrefixes
+from foresight.evaluation.shared_prefixes import BatchPrefixes, SharedPrefixes
 from foresight.evaluation.validation_references import check_references_unseen, validation_references
 from foresight.evaluation.trace_metrics import TraceMetrics
 from foresight.config.checks import parse_budgets
 
 
 def teacher_forced(method: Method, model, batch: dict, settings: EvictionSettings, seed: int, future=None,
-                   priorities=None, prefixes: SharedPrefixes | None = None, batch_key=None):
+                   priorities=None, shared: BatchPrefixes | None = None):
     """Per-token losses [b, S] of a batch of traces under the method, and the pairs held at each token [b, S];
-    ``prefixes``: the budget's shared prefixes (the batch's is ``batch_key``), to continue from."""
+    ``shared``: the batch's shared prefixes (:meth:`SharedPrefixes.for_batch`), to continue from."""
     if method.is_full:  # token t of a trace attends to its t + 1 pairs
         S = batch["loss"].shape[1]
         seen = torch.arange(1, S + 1, dtype=torch.float32).expand(len(batch["lengths"]), S)
@@ -79,10 +79,10 @@ def teacher_forced(method: Method, model, batch: dict, settings: EvictionSetting
     else:
         pol = GoldenPolicy(future) if method.kind == "golden" else method.make_policy()
     gen = torch.Generator(device=batch["ids"].device).manual_seed(seed)
-    prefix = prefixes.get(pol, settings, batch, batch_key) if prefixes is not None else None
+    prefix = shared.get(pol, settings, batch) if shared is not None else None
     res = rollout(model, batch["ids"], pol, settings, prompt_len=batch["prompt_lens"][0],
-                  attention_mask=batch["mask"], generator=gen, full=(batch["loss"], batch["entropy"]), entropy=False,
-                  prefix=prefix)
+                  attention_mask=batch["mask"],
+                  options=RolloutOptions(gen, full=(batch["loss"], batch["entropy"]), entropy=False, prefix=prefix))
     return res.token_loss, res.held_per_token.cpu()
 
 
@@ -97,10 +97,10 @@ class GoldenPass:
 
 
 def golden_pass(methods: list[Method], model, batch: dict, settings: EvictionSettings, future, seed,
-                prefixes: SharedPrefixes | None = None, batch_key=None) -> GoldenPass:
+                shared: BatchPrefixes | None = None) -> GoldenPass:
     """Roll the batch along the golden trajectory once; at each step, every method scores the same view (with its
     own generator) and its top-L is compared with golden's L: |method's ∩ golden's| / L over layers and heads.
-    ``prefixes``, ``batch_key``: as :func:`teacher_forced`'s."""
+    ``shared``: as :func:`teacher_forced`'s."""
     scored = [m for m in methods if not (m.is_full or m.teacher_forced_only or m.stateful)]
     hits = {m.name: [] for m in methods}  # a stateful scorer (KVpop mLSTM) cannot score a trajectory it did not observe
     dev = batch["ids"].device
@@ -122,10 +122,10 @@ def golden_pass(methods: list[Method], model, batch: dict, settings: EvictionSet
             hits[name].extend((r, per_row[r], keep_row[r]) for r in live)
 
     golden = GoldenPolicy(future)
-    prefix = prefixes.get(golden, settings, batch, batch_key, recording=bool(scorers)) if prefixes is not None else None
+    prefix = shared.get(golden, settings, batch, recording=bool(scorers)) if shared is not None else None
     res = rollout(model, batch["ids"], golden, settings, prompt_len=batch["prompt_lens"][0],
                   attention_mask=batch["mask"], recorder=rec if scorers else None,
-                  full=(batch["loss"], batch["entropy"]), entropy=False, prefix=prefix)
+                  options=RolloutOptions(full=(batch["loss"], batch["entropy"]), entropy=False, prefix=prefix))
     return GoldenPass(res.token_loss, res.held_per_token.cpu(), hits)
 
 
@@ -215,8 +215,8 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
             group = [x for x in meths if (x.name, B, L) not in done and x.protect_prompt == m.protect_prompt
                      and (eval_cfg.recall or x.kind == "golden")  # without recall only golden's own row
                      and along_golden(x.settings(B, L, "evict")) == settings]
-            shared_passes[key] = golden_pass(group, model, batch, settings, future, seed, prefixes,
-                                             (m.protect_prompt, bi))
+            shared_passes[key] = golden_pass(group, model, batch, settings, future, seed,
+                                             prefixes.for_batch((m.protect_prompt, bi)))
         return shared_passes[key]
 
     from tqdm import tqdm
@@ -261,8 +261,8 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
                 gp = golden_pass_for(m, B, L, settings, bi, batch, future, seed)
                 loss, held = gp.loss, gp.held
             else:
-                loss, held = teacher_forced(m, model, batch, settings, seed, future, prio, prefixes,
-                                            (m.protect_prompt, bi))
+                loss, held = teacher_forced(m, model, batch, settings, seed, future, prio,
+                                            prefixes.for_batch((m.protect_prompt, bi)))
             metrics.add(loss, held, batch, protect_label is True, settings)
             along |= {i: loss[r, :n] for r, (i, n) in enumerate(zip(batch["members"], batch["lengths"]))}  # views
             if future is not None:

@@ -8,7 +8,7 @@ import torch
 
 from foresight.data import prompts
 from foresight.evaluation.divergence import DivergenceStats, first_divergence
-from foresight.engine.generate import Decoding, generate
+from foresight.engine.generate import Decoding, GenerateOptions, generate
 from foresight.evaluation.methods import Method
 
 
@@ -27,7 +27,7 @@ def accuracy(method: Method, recipe, model, tok, problems, budget: int, interval
     for k in range(n):
         gen = torch.Generator(device=device).manual_seed(eval_cfg.seed * 1009 + k)
         out = generate(model, ids, mask, max_new_tokens=recipe.traces.max_new_tokens, policy=method.make_policy(),
-                       settings=settings, decoding=decoding, generator=gen)
+                       settings=settings, decoding=decoding, options=GenerateOptions(generator=gen))
         sample = []
         for p, new in zip(problems, out.new_tokens.tolist()):
             new = decoding.truncate(new)

@@ -44,7 +44,7 @@ from foresight.evaluation.methods import build_methods, check_names
 from foresight.engine.models import load_model
 from foresight.data.references import make_batch, trace_batches
 from foresight.evaluation.report import paired_ratio_diff_ci
-from foresight.engine.rollout import rollout
+from foresight.engine.rollout import RolloutOptions, rollout
 from foresight.evaluation.validation_references import validation_references
 from foresight.config.checks import parse_budgets
 
@@ -92,8 +92,9 @@ class _Runner:
         evicted, full, traces = [], [], []
         for batch in self.batches:
             res = rollout(self.model, batch["ids"], self.method.make_policy(), st, prompt_len=batch["prompt_lens"][0],
-                          attention_mask=batch["mask"], generator=torch.Generator().manual_seed(0),
-                          full=(batch["loss"], batch["entropy"]), entropy=False)
+                          attention_mask=batch["mask"],
+                          options=RolloutOptions(torch.Generator().manual_seed(0), full=(batch["loss"], batch["entropy"]),
+                                                 entropy=False))
             for r, (S, p) in enumerate(zip(batch["lengths"], batch["prompt_lens"])):
                 evicted.append(round(res.token_loss[r, p:S].sum().item(), 5))
                 full.append(round(batch["loss"][r, p:S].sum().item(), 5))

@@ -207,7 +207,7 @@ def eviction_map(model, ref: dict, method, B: int, L: int, future, path: Path) -
     """For one trace: per (layer, KV head), rows = eviction steps, columns = token positions; a cell is lit
     when the token is in that head's cache right after the step (KVpop's Figure 6 style)."""
     from foresight.targets.golden import GoldenPolicy
-    from foresight.engine.rollout import rollout
+    from foresight.engine.rollout import RolloutOptions, rollout
 
     S = ref["ids"].shape[1]
     maps = []
@@ -223,7 +223,7 @@ def eviction_map(model, ref: dict, method, B: int, L: int, future, path: Path) -
     pol = GoldenPolicy(future) if method.teacher_forced_only else method.make_policy()
     settings = method.settings(B, L, "evict")
     rollout(model, ref["ids"], pol, settings, prompt_len=ref["prompt_len"], recorder=rec,
-            generator=torch.Generator().manual_seed(0))
+            options=RolloutOptions(generator=torch.Generator().manual_seed(0)))
     if not maps:
         return
     m = torch.stack(maps)  # [steps, nl, h, S]

@@ -8,9 +8,11 @@ realbench trace at B = 128–512. :class:`SharedPrefixes` runs that part once pe
 
 from __future__ import annotations
 
+import dataclasses
+
 from foresight.engine.cache.fork import schedule, shareable, uses_probabilities
 from foresight.config.eviction import EvictionSettings
-from foresight.engine.rollout import Prefix, shared_prefix
+from foresight.engine.rollout import Prefix, RolloutOptions, shared_prefix
 from foresight.engine.cache.attention_stats import accumulations
 
 
@@ -35,14 +37,30 @@ class SharedPrefixes:
         if key not in self._prefixes:
             self._prefixes[key] = shared_prefix(self.model, batch["ids"], settings,
                                                 prompt_len=batch["prompt_lens"][0], attention_mask=batch["mask"],
-                                                probabilities=probs, full=(batch["loss"], batch["entropy"]),
-                                                entropy=False)
+                                                probabilities=probs,
+                                                options=RolloutOptions(full=(batch["loss"], batch["entropy"]), entropy=False))
             self.built += 1
         else:
             self.reused += 1
         return self._prefixes[key]
 
+    def for_batch(self, batch_key) -> "BatchPrefixes":
+        """The prefixes of the batch ``batch_key`` (for :func:`foresight.evaluation.evaluate.teacher_forced`)."""
+        return BatchPrefixes(self, batch_key)
+
     def clear(self, budget=None) -> None:
         """Drop every prefix (they belonged to another budget); the next ones are ``budget``'s."""
         self._prefixes.clear()
         self.budget = budget
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchPrefixes:
+    """One batch's shared prefixes: the budget's :class:`SharedPrefixes` and the batch's ``key`` within it."""
+
+    prefixes: SharedPrefixes
+    key: object
+
+    def get(self, policy, settings: EvictionSettings, batch: dict, recording: bool = False) -> Prefix | None:
+        """:meth:`SharedPrefixes.get` for this batch."""
+        return self.prefixes.get(policy, settings, batch, self.key, recording)

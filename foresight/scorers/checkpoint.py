@@ -9,6 +9,7 @@ plus a model card ``README.md``. The spec's ``kind`` (absent for ForesightKV ban
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 from pathlib import Path
@@ -59,14 +60,26 @@ def _kind(cfg: dict, where: str = "the checkpoint") -> tuple:
     return KINDS[kind]
 
 
+@dataclasses.dataclass(frozen=True)
+class CheckpointExtras:
+    """What :func:`save_scorer` writes beyond the scorer and the cache it was trained for: the stage's ``metrics``
+    (config.json's ``metrics``), ``extra`` keys merged into config.json, and ``weights``: the bank's full state dict
+    when the bank itself may hold only a partition of it (default: ``bank.state_dict()``)."""
+
+    metrics: dict | None = None
+    extra: dict | None = None
+    weights: dict | None = None
+
+
 def save_scorer(bank: torch.nn.Module, out: Path, model_info: dict, budget: int, interval: int, sinks: int,
-                stage: str, metrics: dict | None = None, extra: dict | None = None, weights: dict | None = None) -> Path:
+                stage: str, extras: CheckpointExtras = CheckpointExtras()) -> Path:
     """Write the standalone checkpoint of ``bank`` (a :class:`ScorerBank` or a KVpop scorer) into ``out`` (other
-    files there, e.g. a run's logs, are left alone).
+    files there, e.g. a run's logs, are left alone): the LLM ``model_info`` (:func:`describe`), the cache's
+    ``budget``, ``interval`` and ``sinks``, the training ``stage`` and the :class:`CheckpointExtras`.
 
     Each file is written aside and renamed into place; the weights go first and ``config.json`` last, so a
-    folder with a config always has matching weights. ``weights``: the bank's full state dict when ``bank`` itself
-    may hold only a partition of it (default: ``bank.state_dict()``)."""
+    folder with a config always has matching weights."""
+    metrics, extra, weights = extras.metrics, extras.extra, extras.weights
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = {

@@ -22,11 +22,13 @@ each forward), so the priorities seen in training are those computed at inferenc
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 from torch import nn
 
+from foresight.scorers.kvpop_spec import KVpopSpec
 from foresight.scorers.kvpop_topk import static_priority, trace_priority
 from foresight.engine.models import describe
 from foresight.policies.base import Policy
@@ -59,7 +61,9 @@ class _KVpopScorer(nn.Module):
     kind = "kvpop"
     stateful = False
 
-    def _setup(self, num_layers, kv_heads, head_dim, group, window, sinks, gamma, decay_step):
+    def _setup(self, spec: KVpopSpec):
+        num_layers, kv_heads, head_dim, group = spec.num_layers, spec.kv_heads, spec.head_dim, spec.group
+        window, sinks, gamma, decay_step = spec.window, spec.sinks, spec.gamma, spec.decay_step
         if not 0.0 < gamma <= 1.0:
             raise ValueError(f"kvpop.gamma must be in (0, 1], got {gamma}")
         if decay_step < 1:
@@ -85,14 +89,16 @@ class _KVpopScorer(nn.Module):
 
 
 class KVpopMLP(_KVpopScorer):
+    """The stateless scorer of ``spec`` (its mLSTM settings are not used)."""
+
     kind = "kvpop-mlp"
 
-    def __init__(self, num_layers, kv_heads, head_dim, group, window, sinks, gamma=0.9, decay_step=64, hidden=32,
-                 seed=0, **_):
+    def __init__(self, spec: KVpopSpec):
         super().__init__()
-        self._setup(num_layers, kv_heads, head_dim, group, window, sinks, gamma, decay_step)
-        self.hidden = hidden
-        self.mlp = ScorerBank(num_layers, kv_heads, head_dim, group, hidden, "silu", ("key", "value"), seed)
+        self._setup(spec)
+        self.hidden = spec.hidden
+        self.mlp = ScorerBank(spec.num_layers, spec.kv_heads, spec.head_dim, spec.group, spec.hidden, "silu",
+                              ("key", "value"), spec.seed)
 
     def sequence_scores(self, keys, values):
         x = torch.cat([keys, values], -1).float().unsqueeze(1)  # [nl, 1, h, S, 2d]
@@ -107,16 +113,18 @@ class KVpopMLP(_KVpopScorer):
 
 
 class KVpopMLSTM(_KVpopScorer):
+    """The stateful scorer of ``spec``."""
+
     kind = "kvpop-mlstm"
     stateful = True
 
-    def __init__(self, num_layers, kv_heads, head_dim, group, window, sinks, gamma=0.9, decay_step=64, hidden=32,
-                 memory_dim=16, delayed=True, block=256, seed=0, **_):
+    def __init__(self, spec: KVpopSpec):
         super().__init__()
-        self._setup(num_layers, kv_heads, head_dim, group, window, sinks, gamma, decay_step)
-        self.hidden, self.memory_dim, self.delayed, self.block = hidden, memory_dim, bool(delayed), block
-        nl, h, D, m = num_layers, kv_heads, 2 * head_dim, memory_dim
-        g = torch.Generator().manual_seed(seed)
+        self._setup(spec)
+        hidden, memory_dim = spec.hidden, spec.memory_dim
+        self.hidden, self.memory_dim, self.delayed, self.block = hidden, memory_dim, bool(spec.delayed), spec.block
+        nl, h, D, m = spec.num_layers, spec.kv_heads, 2 * spec.head_dim, memory_dim
+        g = torch.Generator().manual_seed(spec.seed)
 
         def rnd(*shape, fan):
             return nn.Parameter(torch.randn(*shape, generator=g) / math.sqrt(fan))
@@ -223,11 +231,12 @@ SCORERS = {"kvpop-mlp": KVpopMLP, "kvpop-mlstm": KVpopMLSTM}
 
 
 def build_from_spec(spec: dict) -> _KVpopScorer:
+    """The scorer a checkpoint's ``scorer`` spec describes (:meth:`KVpopSpec.from_dict`: an unknown key is an
+    error)."""
     kind = spec.get("kind")
     if kind not in SCORERS:
         raise ValueError(f"unknown KVpop scorer kind {kind!r}; known: {', '.join(SCORERS)}")
-    kw = {k: v for k, v in spec.items() if k not in ("kind", "num_key_value_heads", "features", "d_in", "activation")}
-    return SCORERS[kind](kv_heads=spec["num_key_value_heads"], **kw)
+    return SCORERS[kind](KVpopSpec.from_dict(spec))
 
 
 def scorer_for_model(model, cfg, budget: int, seed: int = 0) -> _KVpopScorer:
@@ -236,13 +245,13 @@ def scorer_for_model(model, cfg, budget: int, seed: int = 0) -> _KVpopScorer:
     if budget - cfg.sinks - cfg.window <= 0:
         raise ValueError(f"KVpop layout: budget B={budget} leaves no top-k room after sinks={cfg.sinks} and "
                          f"window={cfg.window} (k = B − s − w must be > 0)")
-    kw = dict(num_layers=d["num_layers"], kv_heads=d["num_key_value_heads"], head_dim=d["head_dim"],
-              group=d["num_attention_heads"] // d["num_key_value_heads"], window=cfg.window, sinks=cfg.sinks,
-              gamma=cfg.gamma, decay_step=cfg.decay_step, hidden=cfg.hidden, seed=seed)
+    spec = KVpopSpec(num_layers=d["num_layers"], kv_heads=d["num_key_value_heads"], head_dim=d["head_dim"],
+                     group=d["num_attention_heads"] // d["num_key_value_heads"], window=cfg.window, sinks=cfg.sinks,
+                     gamma=cfg.gamma, decay_step=cfg.decay_step, hidden=cfg.hidden, seed=seed)
     if cfg.scorer == "mlp":
-        return KVpopMLP(**kw)
+        return KVpopMLP(spec)
     if cfg.scorer == "mlstm":
-        return KVpopMLSTM(**kw, memory_dim=cfg.memory_dim, delayed=cfg.delayed, block=cfg.block)
+        return KVpopMLSTM(dataclasses.replace(spec, memory_dim=cfg.memory_dim, delayed=cfg.delayed, block=cfg.block))
     raise ValueError(f"kvpop.scorer must be 'mlp' or 'mlstm', got {cfg.scorer!r}")
 
 

@@ -36,8 +36,9 @@ from foresight.runtime.locks import locks_output
 from foresight.scorers.kvpop_topk import boundary_pairs, topk_recall, trace_priority
 from foresight.data.trace_data import training_fingerprints
 from foresight.data.stage_inputs import load_stage_inputs
-from foresight.training.runs import finish_run, full_state_dict, mean_step, progress_bar, resumed_extra, run_identity, \
-    save_progress, save_snapshot, setup_training, summary_writer, train_plan
+from foresight.training.outputs import RunOutput, finish_run, progress_bar, save_snapshot, summary_writer
+from foresight.training.runs import TrainState, resumed_extra, run_identity, setup_training, train_plan
+from foresight.training.steps import full_state_dict, mean_step, save_progress
 
 
 @torch.no_grad()
@@ -106,6 +107,7 @@ def train_kvpop(recipe, traces_dir, out, resume: bool = False, deepspeed_config=
     stage = f"kvpop-{kvpop_cfg.scorer}{readout}"
     provenance = {"training_data": portable_path(traces_dir), "training_traces": training_fingerprints(ds, train_idx),
                   "recipe": recipe.to_dict(), "objective": "kvpop"}
+    run = RunOutput(out, model, recipe, stage, provenance)
     bar = progress_bar(start, cfg.steps, f"kvpop-{kvpop_cfg.scorer}", progress, rank)
     t0 = time.time()
     last = resumed_extra(ckpt).get("last", {}) if start else {}  # a resumed run reports its latest metrics
@@ -133,8 +135,8 @@ def train_kvpop(recipe, traces_dir, out, resume: bool = False, deepspeed_config=
             for name, v in last.items():
                 writer.add_scalar(f"kvpop/{name}", v, step)
         bar.set_postfix(loss=f"{last['loss']:.4f}", acc=f"{last['boundary_acc']:.3f}")
-        save_progress(step, plan, scorer, opt, sched, engine, ckpt, rank, extra={"last": last},
-                      snapshot=lambda w: save_snapshot(out, step + 1, w, scorer, model, recipe, stage, last, provenance))
+        save_progress(step, plan, TrainState(scorer, opt, sched, ckpt, engine), rank, extra={"last": last},
+                      snapshot=lambda w: save_snapshot(run, step + 1, w, scorer, last))
     metrics = {"train_loss": round(last.get("loss", float("nan")), 5),
                "train_boundary_acc": round(last.get("boundary_acc", float("nan")), 4), "steps": cfg.steps,
                "train_seconds_this_run": round(time.time() - t0, 1)}
@@ -155,5 +157,5 @@ def train_kvpop(recipe, traces_dir, out, resume: bool = False, deepspeed_config=
     if engine is not None and engine.zero_optimization_stage() == 3:
         scorer = scorer_for_model(model, kvpop_cfg, cache_cfg.budget, cfg.seed)
         scorer.load_state_dict(weights)
-    finish_run(out, rank, world, weights, scorer, model, recipe, stage, metrics, provenance, writer, log)
+    finish_run(run, rank, world, weights, scorer, metrics, writer, log)
     return scorer, metrics

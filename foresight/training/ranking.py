@@ -9,19 +9,45 @@ overlap does not weigh: a swap of two pairs nothing will attend to costs nothing
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from foresight.engine.selection import top_indices, topk_overlap
 from foresight.config.checks import PAIR_WEIGHTS
 
 
-def pairwise_hinge(phi, fut, cand, margin: float = 0.01, mode: str = "all", sampled: int = 4096,
-                   chunk: int = 1 << 24, generator=None, k: int = 0, weight: str = "uniform"):
-    """Per-row (weighted) mean hinge over ordered pairs; phi, fut, cand: [R, n]. Returns (mean over rows with pairs,
-    rows). ``mode``: ``all`` pairs, ``sampled`` pairs, or ``boundary``: ``sampled`` pairs across golden's eviction set,
-    one of the ``k`` candidates golden evicts against one it keeps (the order inside either set does not count: top-k
-    eviction and recall@L depend only on the set). ``weight``: ``uniform`` or ``gap`` (each pair weighted by its
+@dataclasses.dataclass(frozen=True)
+class HingeSettings:
+    """The pairwise hinge's settings (a recipe's ``sft`` section: :meth:`from_sft`).
+
+    ``margin``: the hinge's margin. ``pairs``: ``all`` pairs, ``sampled`` pairs, or ``boundary``: ``sampled`` pairs
+    across golden's eviction set, one of the ``k`` candidates golden evicts against one it keeps (the order inside
+    either set does not count: top-k eviction and recall@L depend only on the set). ``sampled``: pairs drawn per row.
+    ``chunk``: with ``all`` pairs, at most this many pair values at once (rows are taken a slice at a time).
+    ``k``: golden's evictions per row (``boundary``). ``weight``: ``uniform`` or ``gap`` (each pair weighted by its
     future-score gap)."""
+
+    margin: float = 0.01
+    pairs: str = "all"
+    sampled: int = 4096
+    chunk: int = 1 << 24
+    k: int = 0
+    weight: str = "uniform"
+
+    @classmethod
+    def from_sft(cls, cfg, k: int) -> "HingeSettings":
+        """A recipe's ``sft`` section's (margin, pairs, sampled_pairs, pair_chunk, pair_weight); ``k``: the interval
+        L."""
+        return cls(cfg.margin, cfg.pairs, cfg.sampled_pairs, cfg.pair_chunk, k, cfg.pair_weight)
+
+
+def pairwise_hinge(phi, fut, cand, settings: HingeSettings = HingeSettings(), generator=None):
+    """Per-row (weighted) mean hinge over ordered pairs; phi, fut, cand: [R, n]. Returns (mean over rows with pairs,
+    rows). ``settings``: the margin, which pairs and how they are weighted (:class:`HingeSettings`); ``generator``:
+    draws the sampled pairs."""
+    margin, mode, sampled, chunk, k, weight = (settings.margin, settings.pairs, settings.sampled, settings.chunk,
+                                               settings.k, settings.weight)
     R, n = phi.shape
     if weight not in PAIR_WEIGHTS:
         raise ValueError(f"sft.pair_weight must be one of {', '.join(PAIR_WEIGHTS)}, got {weight!r}")

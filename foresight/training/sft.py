@@ -37,13 +37,14 @@ from foresight.scorers.checkpoint import load_scorer, read_config
 from foresight.config.recipe import parse_budgets
 from foresight.training.golden_store import GoldenStore, golden_examples
 from foresight.runtime.locks import locks_output
-from foresight.training.ranking import lost_future, pairwise_hinge, recall_at_l
+from foresight.training.ranking import HingeSettings, lost_future, pairwise_hinge, recall_at_l
 from foresight.evaluation.report import bootstrap_ci
 from foresight.scorers.bank import ScorerBank, bank_for_model
 from foresight.data.trace_data import training_fingerprints
 from foresight.data.stage_inputs import load_stage_inputs
-from foresight.training.runs import finish_run, full_state_dict, mean_step, progress_bar, resumed_extra, run_identity, \
-    save_progress, save_snapshot, setup_training, summary_writer, train_plan
+from foresight.training.outputs import RunOutput, finish_run, progress_bar, save_snapshot, summary_writer
+from foresight.training.runs import TrainState, resumed_extra, run_identity, setup_training, train_plan
+from foresight.training.steps import full_state_dict, mean_step, save_progress
 
 
 def budgets_loss(bank, groups, cfg, generator=None):
@@ -81,8 +82,8 @@ def rows_loss(rows, cfg, interval, generator=None):
     """:func:`example_loss` of rows already scored (:func:`example_rows`)."""
     phi, fut, cand = rows
     nl = phi.shape[0]
-    loss, _ = pairwise_hinge(phi.flatten(0, 1), fut.flatten(0, 1), cand.flatten(0, 1), cfg.margin, cfg.pairs,
-                             cfg.sampled_pairs, cfg.pair_chunk, generator, k=interval, weight=cfg.pair_weight)
+    loss, _ = pairwise_hinge(phi.flatten(0, 1), fut.flatten(0, 1), cand.flatten(0, 1),
+                             HingeSettings.from_sft(cfg, interval), generator)
     with torch.no_grad():
         rec = recall_at_l(phi.flatten(0, 1), fut.flatten(0, 1), cand.flatten(0, 1), interval).view(nl, -1).mean(1)
     return loss, rec
@@ -183,6 +184,7 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
     init_cfg = read_config(Path(cfg.init or cfg.onpolicy)) if init is not None else None
     provenance = {"training_data": portable_path(traces_dir), "training_traces": training_fingerprints(ds, train_idx, init_cfg),
                   "recipe": recipe.to_dict()}
+    run = RunOutput(out, model, recipe, "sft", provenance)
     bar = progress_bar(start, cfg.steps, "sft", progress, rank)
     t0 = time.time()
     last = resumed_extra(ckpt).get("last", {}) if start else {}  # a resumed run reports its latest metrics
@@ -205,8 +207,8 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
             for layer, r in enumerate(rec.tolist()):
                 writer.add_scalar(f"sft/recall@L/layer{layer}", r, step)
         bar.set_postfix(loss=f"{last['loss']:.4f}", recall=f"{last['recall']:.3f}")
-        save_progress(step, plan, bank, opt, sched, engine, ckpt, rank, extra={"last": last},
-                      snapshot=lambda w: save_snapshot(out, step + 1, w, bank, model, recipe, "sft", last, provenance))
+        save_progress(step, plan, TrainState(bank, opt, sched, ckpt, engine), rank, extra={"last": last},
+                      snapshot=lambda w: save_snapshot(run, step + 1, w, bank, last))
     train_seconds = time.time() - t0
     metrics = {"train_loss": round(last.get("loss", float("nan")), 5),
                "train_recall_at_L": round(last.get("recall", float("nan")), 4), "steps": cfg.steps,
@@ -248,5 +250,5 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
     if engine is not None and engine.zero_optimization_stage() == 3:
         bank = bank_for_model(model, recipe.scorer.hidden, recipe.scorer.activation, recipe.scorer.features)
         bank.load_state_dict(weights)  # a plain, unpartitioned copy for saving and for the caller
-    finish_run(out, rank, world, weights, bank, model, recipe, "sft", metrics, provenance, writer, log)
+    finish_run(run, rank, world, weights, bank, metrics, writer, log)
     return bank, metrics

@@ -46,13 +46,13 @@ from foresight.data import prompts
 from foresight.runtime import atomic
 from foresight.config.eviction import EvictionSettings
 from foresight.config.recipe import load_recipe, parse_budgets
-from foresight.engine.generate import Decoding, generate
+from foresight.engine.generate import Decoding, GenerateOptions, generate
 from foresight.targets.golden import GoldenPolicy, block_pooled_attention
 from foresight.engine.rollout import rollout
 from foresight.scorers.bank import LearnedPolicy, ScorerBank
 from foresight.engine.selection import select_topk, topk_overlap
+from studies.realbench.predictability_summary import STATES, predictability_table, summary
 
-FIGURES = ("agreement", "ceiling", "ceiling_half", "mean_future", "scorer")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,7 +192,8 @@ def continuations(model, ids: torch.Tensor, position: int, k: int, decoding: Dec
     dec = dataclasses.replace(decoding, min_tokens=new)
     prefix = ids[:, :position].expand(k, -1).contiguous()
     gens = [torch.Generator(device=ids.device).manual_seed(seed + j) for j in range(k)]
-    out = generate(model, prefix, torch.ones_like(prefix), max_new_tokens=new, decoding=dec, row_generators=gens)
+    out = generate(model, prefix, torch.ones_like(prefix), max_new_tokens=new, decoding=dec,
+                   options=GenerateOptions(row_generators=gens))
     return torch.cat([prefix, out.new_tokens[:, :new]], 1)
 
 
@@ -205,41 +206,6 @@ def stored_continuations(folder: Path, key: dict, make) -> torch.Tensor:
     folder.mkdir(parents=True, exist_ok=True)
     atomic.write_json(f, {"key": key, "ids": ids.tolist()})
     return ids
-
-
-def summary(rows: list[dict]) -> dict:
-    """Mean and 95% bootstrap interval over traces of each figure, per kind of state and budget."""
-    from foresight.evaluation.report import bootstrap_ci
-
-    out: dict = {}
-    for kind, budget in sorted({(r["states"], r["budget"]) for r in rows}):
-        mine = [r for r in rows if (r["states"], r["budget"]) == (kind, budget)]
-        s = out.setdefault(kind, {})[budget] = {"traces": len(mine)}
-        for name in FIGURES:
-            vals = [r[name] for r in mine if r.get(name) is not None]
-            if vals:
-                s[name], s[f"{name}_ci"] = round(sum(vals) / len(vals), 4), bootstrap_ci(vals)
-        s["per_layer"] = {name: [round(sum(x) / len(mine), 4) for x in zip(*(r["per_layer"][name] for r in mine))]
-                          for name in FIGURES if all(name in r["per_layer"] for r in mine)}
-    return out
-
-
-STATES = {"golden": "golden's trajectory", "scorer": "the scorer's own trajectory"}
-
-
-def predictability_table(summ: dict, continuations: int) -> str:
-    """The summary as a markdown table."""
-    head = ("| states | B:L | traces | two futures agree | ceiling, K/2 | ceiling, K | lowest mean future | scorer |\n"
-            "|---|---|---|---|---|---|---|---|\n")
-
-    def cell(s, name):
-        return f"{s[name]:.3f} [{s[f'{name}_ci'][0]:.3f}, {s[f'{name}_ci'][1]:.3f}]" if name in s else "—"
-
-    lines = [f"| {STATES[kind]} | {b} | {s['traces']} | " + " | ".join(cell(s, n) for n in (
-        "agreement", "ceiling_half", "ceiling", "mean_future", "scorer")) + " |"
-        for kind, per_budget in summ.items() for b, s in per_budget.items()]
-    return head + "\n".join(lines) + f"\n\nK = {continuations} continuations per reference; recall@L against golden " \
-        "under the reference's own future at the same state; 95% bootstrap over traces.\n"
 
 
 def run(recipe, probe: Probe, out: Path, scorer: Path | None = None, log=print) -> dict:

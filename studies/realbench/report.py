@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import os
+import platform
 import subprocess
 import time
 from pathlib import Path
@@ -167,6 +169,17 @@ def predictability_section(pred: dict | None) -> list[str]:
     return md
 
 
+def machine() -> str:
+    """The machine a report was measured on: processor, cores, operating system."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        name = next(x.split(":", 1)[1].strip() for x in Path("/proc/cpuinfo").read_text().splitlines()
+                    if x.startswith("model name"))
+    except (OSError, StopIteration):
+        name = cpu
+    return f"{name}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
+
+
 def git_commit() -> str | None:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
@@ -216,6 +229,7 @@ def write_report(out: Path, report: Path, sft_ablations, samplers, command: str,
     md = [f"# Real-model benchmark: {meta.get('model')}\n",
           f"- **Command:** `{command}` (`make realbench`)",
           f"- **Commit:** {git_commit() or 'unknown'}; written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+          f"- **Machine:** {machine()}",
           f"- **Stage seconds (all runs of this folder):** {json.dumps(took)}",
           f"- **Training traces:** {trained_on}; **held-out:** "
           f"{meta['num_problems']} references, mean {meta['mean_trace_length']:.0f} tokens (prompt "

@@ -12,10 +12,12 @@ what the policy reads (:func:`accumulations`).
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import torch
 
 from foresight.engine import features
+from foresight.engine.attention_shape import AttentionShape
 
 from foresight.engine.cache import kept_queries
 from foresight.engine.cache.slot_attention import causal_block, probabilities
@@ -48,19 +50,33 @@ def buffer_rows(needs: frozenset) -> tuple:
     return tuple(r for r in STAT_ORDER if any(r in _ROWS_OF[a] for a in needs if a in _ROWS_OF))
 
 
+@dataclasses.dataclass(frozen=True)
+class StatsLayout:
+    """The sizes of :class:`SlotStatistics`' buffers: the model's attention ``shape`` (layers, query and KV heads,
+    head dimension), the ``batch`` rows, the slots' ``capacity`` and the ``pending`` decoding queries that can wait
+    (until the next eviction)."""
+
+    shape: AttentionShape
+    batch: int
+    capacity: int
+    pending: int
+
+
 class SlotStatistics:
     """The statistics of every slot ``[nl, b, h, g, capacity]`` plus the kept and the deferred queries.
 
-    ``needs``: what is accumulated (see :func:`accumulations`). ``pending``: how many decoding queries can wait.
+    ``needs``: what is accumulated (see :func:`accumulations`). ``layout``: the buffers' sizes (:class:`StatsLayout`);
+    ``device`` and ``dtype``: the cache's (the queries are kept in it; the statistics are float32).
     ``newest_kept``: the cache never evicts its newest W = ``features.QUERY_WINDOW`` slots (its protected window is at
     least W, or it never evicts), so without padding they hold the tokens of the kept queries: the window sums take
     their causal fast path without checking that on the device. ``shifts``: the rotations of the ``ahead``
     statistics (:func:`foresight.engine.cache.rope_shift.shift_tables`, one per ``features.AHEAD_SHIFTS``; None: not offered)."""
 
-    def __init__(self, needs: frozenset, num_layers: int, batch: int, kv_heads: int, q_heads: int, head_dim: int,
-                 capacity: int, pending: int, device, dtype, newest_kept: bool = False,
+    def __init__(self, needs: frozenset, layout: StatsLayout, device, dtype, newest_kept: bool = False,
                  shifts: torch.Tensor | None = None):
-        nl, b, h, d = num_layers, batch, kv_heads, head_dim
+        shape, capacity, pending = layout.shape, layout.capacity, layout.pending
+        num_layers, head_dim, q_heads = shape.num_layers, shape.head_dim, shape.q_heads
+        nl, b, h, d = num_layers, layout.batch, shape.kv_heads, head_dim
         self.needs, self.num_layers, self.head_dim, self.newest_kept = needs, num_layers, head_dim, newest_kept
         self.shifts = shifts
         self.kv_bytes = torch.empty((), dtype=dtype).element_size()  # of the cache's keys and values

@@ -10,7 +10,8 @@ from foresight.engine import features
 
 from foresight.engine.cache import rope_shift
 from foresight.engine.cache.slots import SlotStore
-from foresight.engine.cache.attention_stats import SlotStatistics, accumulations
+from foresight.engine.attention_shape import AttentionShape
+from foresight.engine.cache.attention_stats import SlotStatistics, StatsLayout, accumulations
 
 
 def _policy_reads(cache):
@@ -41,8 +42,9 @@ def allocate(cache, key_states: torch.Tensor) -> None:
     nl, h, d = cache.num_layers, cache.kv_heads, cache.head_dim
     cache.slots = SlotStore(nl, b, h, d, cap, dev, dt)
     W = features.QUERY_WINDOW  # decoding queries wait at most until the next eviction
-    cache.stats = SlotStatistics(accumulated(cache), nl, b, h, cache.q_heads, d, cap,
-                                 pending=W if cache.full else max(cache.settings.interval, W), device=dev, dtype=dt,
+    layout = StatsLayout(AttentionShape(nl, cache.q_heads, h, d), b, cap,
+                         pending=W if cache.full else max(cache.settings.interval, W))
+    cache.stats = SlotStatistics(accumulated(cache), layout, device=dev, dtype=dt,
                                  newest_kept=cache.full or cache.window >= W, shifts=shift_tables(cache, dev))
     cache.first_real = torch.full((b,), -1, device=dev, dtype=torch.long)  # each row's first real token
     cache.all_started = False  # every row has had its first real token

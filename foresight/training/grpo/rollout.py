@@ -4,11 +4,13 @@ trajectories of a group overlap (1.0 = no exploration)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from foresight.config.eviction import EvictionSettings
 from foresight.training.grpo.objective import action_logprob
-from foresight.engine.rollout import rollout, shared_prefix
+from foresight.engine.rollout import RolloutOptions, rollout, shared_prefix
 from foresight.scorers.bank import LearnedPolicy
 from foresight.engine.selection import candidate_window
 
@@ -27,16 +29,34 @@ def evicted_overlap(tokens: torch.Tensor) -> torch.Tensor:
     return (same.sum() - same.diagonal().sum()) / (G * (G - 1))
 
 
+@dataclasses.dataclass(frozen=True)
+class GroupSampling:
+    """How a GRPO group is drawn: ``group`` (G) trajectories of one trace, each eviction a Top-2L draw at
+    ``temperature``, with the behaviour log-probabilities of ``ratio`` (``draw`` or ``set``, as
+    :func:`foresight.training.grpo.objective.action_logprob`'s)."""
+
+    group: int
+    temperature: float
+    ratio: str
+
+    @classmethod
+    def from_grpo(cls, cfg) -> "GroupSampling":
+        """A recipe's ``grpo`` section's (group, temperature, ratio)."""
+        return cls(cfg.group, cfg.temperature, cfg.ratio)
+
+
 @torch.no_grad()
-def group_rollout(model, bank, ids: torch.Tensor, G: int, settings: EvictionSettings, temperature: float, generator,
-                  prompt_len: int, ratio: str):
-    """One teacher-forced pass with G trajectories sampled (Top-2L at ``temperature``) under ``settings``; returns
-    (per-token losses [G,S], steps, mean evicted-token overlap between the trajectories).
+def group_rollout(model, bank, ids: torch.Tensor, sampling: GroupSampling, settings: EvictionSettings, generator,
+                  prompt_len: int):
+    """One teacher-forced pass of the trace ``ids`` [1, S] with G = ``sampling.group`` trajectories sampled (Top-2L
+    at ``sampling.temperature``) under ``settings``, ``generator`` drawing them; returns (per-token losses [G,S],
+    steps, mean evicted-token overlap between the trajectories).
 
     Each step keeps the scorer inputs of the behaviour policy's Top-2L window only ([nl, G, h, 2L, D]: all the
     objective reads, since the window is held fixed), with ``win`` the window's own positions ``0..2L-1``,
     ``evictable`` gathered to it and ``pos`` the draws' window positions in draw order, so that memory grows with
     2L, not with B + L."""
+    G, temperature, ratio = sampling.group, sampling.temperature, sampling.ratio
     steps, overlaps = [], []
 
     def rec(st):
@@ -55,6 +75,6 @@ def group_rollout(model, bank, ids: torch.Tensor, G: int, settings: EvictionSett
     # the G rows are the same trace: up to the first eviction (nothing is drawn before it) one row is fed, then its
     # cache is repeated G times (foresight.engine.cache.fork)
     prefix = shared_prefix(model, ids, sampled, prompt_len=prompt_len, probabilities=True) if ids.shape[0] == 1 else None
-    res = rollout(model, ids.expand(G, -1), LearnedPolicy(bank), sampled, prompt_len=prompt_len, generator=generator,
-                  recorder=rec, prefix=prefix)
+    res = rollout(model, ids.expand(G, -1), LearnedPolicy(bank), sampled, prompt_len=prompt_len,
+                  recorder=rec, options=RolloutOptions(generator=generator, prefix=prefix))
     return res, steps, torch.stack(overlaps).mean().item() if overlaps else 0.0

@@ -58,12 +58,13 @@ from foresight.engine.models import load_model
 from foresight.config.eviction import EvictionSettings
 from foresight.config.recipe import parse_budgets
 from foresight.training.grpo.objective import group_advantage, step_objective, trajectory_reward
-from foresight.training.grpo.rollout import group_rollout
+from foresight.training.grpo.rollout import GroupSampling, group_rollout
 from foresight.training.grpo.heldout import change_since_start, first_scored_token, scalars, validate
 from foresight.data.trace_data import load_traces, training_fingerprints
 from foresight.data.stage_inputs import check_traces_model, split_traces
-from foresight.training.runs import finish_run, full_state_dict, optimizer_step, progress_bar, resumed_extra, run_identity, \
-    save_progress, save_snapshot, setup_training, summary_writer, train_plan
+from foresight.training.outputs import RunOutput, finish_run, progress_bar, save_snapshot, summary_writer
+from foresight.training.runs import TrainState, resumed_extra, run_identity, setup_training, train_plan
+from foresight.training.steps import full_state_dict, optimizer_step, save_progress
 
 
 def training_settings(recipe) -> list[EvictionSettings]:
@@ -115,6 +116,7 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
     writer = summary_writer(out, rank)
     provenance = {"training_data": portable_path(traces_dir), "init": portable_path(init),
                   "training_traces": training_fingerprints(ds, train_idx, init_cfg), "recipe": recipe.to_dict()}
+    run = RunOutput(out, model, recipe, "grpo", provenance)
     resumed = resumed_extra(ckpt) if start else {}  # a resumed run keeps what it measured before
     first_val = validate(model, bank, ds, val_idx, settings, grpo_cfg) if (val_idx and start == 0) else \
         resumed.get("first_val")
@@ -138,8 +140,8 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
             gen = torch.Generator(device=device).manual_seed(draw_seed)
             at = rollout_settings[slot % len(rollout_settings)]  # grpo.budgets in turn over the batch's traces
             bank.eval()
-            res, steps, overlap = group_rollout(model, bank, ids, grpo_cfg.group, at, grpo_cfg.temperature, gen,
-                                                row["prompt_len"], grpo_cfg.ratio)
+            res, steps, overlap = group_rollout(model, bank, ids, GroupSampling.from_grpo(grpo_cfg), at, gen,
+                                                row["prompt_len"])
             r = trajectory_reward(res.token_loss, torch.tensor(row["token_loss"], device=device),
                                   torch.tensor(row["token_entropy"], device=device),
                                   first_scored_token(at, row["prompt_len"]), grpo_cfg)
@@ -193,9 +195,9 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
                 for k in ("val_loss_ratio", "val_reward", "val_loss_ratio_change"):
                     if k in stats:
                         writer.add_scalar(f"grpo/{k}", stats[k], step)
-        save_progress(step, plan, bank, opt, sched, engine, ckpt, rank,  # every rank (ZeRO-3 gathers)
+        save_progress(step, plan, TrainState(bank, opt, sched, ckpt, engine), rank,  # every rank (ZeRO-3 gathers)
                       extra={"first_val": first_val, "last": stats, "history": hist},
-                      snapshot=lambda w: save_snapshot(out, step + 1, w, bank, model, recipe, "grpo", stats, provenance))
+                      snapshot=lambda w: save_snapshot(run, step + 1, w, bank, stats))
     metrics = {"steps": grpo_cfg.steps, "group": grpo_cfg.group, "val_traces": len(val_idx),
                "train_seconds_this_run": round(time.time() - t0, 1)}
     if hist:
@@ -206,6 +208,5 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
         metrics.update({k: round(v, 5) for k, v in final.items() if k.startswith("val_")})
         if first_val:
             metrics.update({f"sft_{k}": round(v, 5) for k, v in scalars(first_val).items()})
-    finish_run(out, rank, world, full_state_dict(bank, engine), bank, model, recipe, "grpo", metrics, provenance,
-               writer, log)
+    finish_run(run, rank, world, full_state_dict(bank, engine), bank, metrics, writer, log)
     return bank, metrics

@@ -35,7 +35,7 @@ for name, make in caches.items():
     gens = [torch.Generator().manual_seed(i) for i in range(rows_n)]
     t0 = time.time()
     out = G.generate(model, enc.input_ids, enc.attention_mask, max_new_tokens=new_n, decoding=decoding,
-                     row_generators=gens)
+                     options=G.GenerateOptions(row_generators=gens))
     seconds = time.time() - t0
     tokens[name] = out.new_tokens
     result[name] = {"seconds": round(seconds, 1), "tokens_per_s": round(rows_n * new_n / seconds, 1)}

@@ -44,7 +44,7 @@ for B, L in budgets:
         t0 = time.time()
         alone, _ = teacher_forced(m, model, batch, settings, 7)
         t1 = time.time()
-        shared, _ = teacher_forced(m, model, batch, settings, 7, prefixes=prefixes, batch_key=0)
+        shared, _ = teacher_forced(m, model, batch, settings, 7, shared=prefixes.for_batch(0))
         t2 = time.time()
         row["from_token_0_s"] += t1 - t0
         row["shared_s"] += t2 - t1

@@ -46,8 +46,8 @@ for mode in ("from_token_0", "shared_prefix"):
     for i in range(n):
         row = ds[i]
         ids = torch.tensor([row["input_ids"]])
-        res, steps, _ = gr.group_rollout(model, bank, ids, G, settings, T, torch.Generator().manual_seed(i),
-                                         row["prompt_len"], recipe.grpo.ratio)
+        res, steps, _ = gr.group_rollout(model, bank, ids, gr.GroupSampling(G, T, recipe.grpo.ratio), settings,
+                                         torch.Generator().manual_seed(i), row["prompt_len"])
         runs.append((res.token_loss, [s["pos"] for s in steps]))
     out["seconds"][mode] = round(time.time() - t0, 1)
     out.setdefault("tokens", sum(len(ds[i]["input_ids"]) for i in range(n)))

@@ -29,7 +29,7 @@ from foresight.evaluation.paired import paired_diff_ci  # noqa: E402
 from foresight.policies import make_policy  # noqa: E402
 from foresight.data.references import make_batch, trace_batches  # noqa: E402
 from foresight.evaluation.report import bootstrap_ci  # noqa: E402
-from foresight.engine.rollout import rollout  # noqa: E402
+from foresight.engine.rollout import RolloutOptions, rollout  # noqa: E402
 from foresight.evaluation.validation_references import validation_references  # noqa: E402
 
 MID = range(15, 25)
@@ -70,7 +70,8 @@ def main(scorer_dir, out):
             hb.BUDGETS["budgets"] = bud
             policy = policy_from_checkpoint(bank, cfg) if pol == "scorer" else make_policy(pol)
             res = rollout(model, batch["ids"], policy, room, prompt_len=batch["prompt_lens"][0],
-                          attention_mask=batch["mask"], generator=torch.Generator().manual_seed(0), entropy=False)
+                          attention_mask=batch["mask"],
+                          options=RolloutOptions(torch.Generator().manual_seed(0), entropy=False))
             for r, (S, p) in enumerate(zip(batch["lengths"], batch["prompt_lens"])):
                 sums.setdefault(name, []).append((res.token_loss[r, p:S].sum().item(), batch["loss"][r, p:S].sum().item()))
             print(name, f"{time.time() - t0:.0f}s", flush=True)

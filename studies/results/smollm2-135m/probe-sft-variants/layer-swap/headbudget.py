@@ -23,7 +23,7 @@ from foresight.engine.models import load_model
 from foresight.policies import make_policy
 from foresight.data.references import make_batch, trace_batches
 from foresight.evaluation.report import bootstrap_ci
-from foresight.engine.rollout import rollout
+from foresight.engine.rollout import RolloutOptions, rollout
 from foresight.evaluation.validation_references import validation_references
 
 L = 32
@@ -101,9 +101,9 @@ def main(scorer_dir, out):
             t0 = time.time()
             BUDGETS["budgets"] = bud
             policy = policy_from_checkpoint(bank, cfg) if pol == "scorer" else make_policy(pol)
+            # no full=: with room for the whole trace it would take every position as pre-eviction
             res = rollout(model, batch["ids"], policy, room, prompt_len=batch["prompt_lens"][0],
-                          attention_mask=batch["mask"], generator=torch.Generator().manual_seed(0),
-                          entropy=False)  # no full=: with room for the whole trace it would take every position as pre-eviction
+                          attention_mask=batch["mask"], options=RolloutOptions(torch.Generator().manual_seed(0), entropy=False))
             for r, (S, p) in enumerate(zip(batch["lengths"], batch["prompt_lens"])):
                 sums.setdefault(name, []).append((res.token_loss[r, p:S].sum().item(), batch["loss"][r, p:S].sum().item()))
             print(B, name, f"{time.time() - t0:.0f}s", flush=True)

@@ -25,7 +25,7 @@ from foresight.policies import make_policy
 from foresight.policies.base import Policy
 from foresight.data.references import make_batch, stack_padded, trace_batches
 from foresight.evaluation.report import bootstrap_ci
-from foresight.engine.rollout import rollout
+from foresight.engine.rollout import RolloutOptions, rollout
 from foresight.evaluation.validation_references import validation_references
 
 
@@ -98,8 +98,9 @@ def main(scorer_dir, out, what="layer18"):
         for name, make in variants.items():
             t0 = time.time()
             res = rollout(model, batch["ids"], make(), st, prompt_len=batch["prompt_lens"][0],
-                          attention_mask=batch["mask"], generator=torch.Generator().manual_seed(0),
-                          full=(batch["loss"], batch["entropy"]), entropy=False)
+                          attention_mask=batch["mask"],
+                          options=RolloutOptions(torch.Generator().manual_seed(0), full=(batch["loss"], batch["entropy"]),
+                                                 entropy=False))
             for r, (S, p) in enumerate(zip(lengths, batch["prompt_lens"])):
                 sums.setdefault(name, []).append((res.token_loss[r, p:S].sum().item(), batch["loss"][r, p:S].sum().item()))
             print(B, name, f"{time.time() - t0:.0f}s", flush=True)

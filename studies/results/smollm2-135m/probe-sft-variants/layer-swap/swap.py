@@ -22,7 +22,7 @@ from foresight.engine.models import load_model
 from foresight.policies.base import Policy
 from foresight.data.references import make_batch, stack_padded, trace_batches
 from foresight.evaluation.report import bootstrap_ci
-from foresight.engine.rollout import rollout
+from foresight.engine.rollout import RolloutOptions, rollout
 from foresight.evaluation.validation_references import validation_references
 
 
@@ -75,8 +75,8 @@ def main(scorer_dir, out, group="5", budgets="128,256"):
                 t0 = time.time()
                 gen = torch.Generator().manual_seed(0)
                 res = rollout(model, batch["ids"], make(), st, prompt_len=batch["prompt_lens"][0],
-                              attention_mask=batch["mask"], generator=gen, full=(batch["loss"], batch["entropy"]),
-                              entropy=False)
+                              attention_mask=batch["mask"],
+                              options=RolloutOptions(gen, full=(batch["loss"], batch["entropy"]), entropy=False))
                 for r, (S, p) in enumerate(zip(lengths, batch["prompt_lens"])):
                     sums.setdefault(name, []).append((res.token_loss[r, p:S].sum().item(), batch["loss"][r, p:S].sum().item()))
                 print(B, name, f"{time.time() - t0:.0f}s", flush=True)
