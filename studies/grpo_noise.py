@@ -173,7 +173,7 @@ def run(recipe, traces_dir: Path, init: Path, out: Path, n: int, seed: int = 0, 
     bank.requires_grad_(True)
     ref = copy.deepcopy(bank).eval().requires_grad_(False)
     ds = load_traces(traces_dir)
-    check_traces_model(ds, traces_dir, recipe, model)
+    check_traces_model(ds, traces_dir, recipe.model, model)
     train_idx, _ = split_traces(len(ds), recipe.grpo.val_traces)
     if not train_idx:
         raise ValueError(f"{traces_dir} holds no training traces (all {len(ds)} are GRPO's validation traces)")

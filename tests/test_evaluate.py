@@ -155,7 +155,8 @@ def test_batched_unequal_traces_equal_one_by_one(qwen3):
     """Right-padded batches of traces of different lengths give every trace the per-token losses, pairs held and
     golden recall it gets alone (fp32, 1e-5)."""
     from foresight.data.references import make_batch, stack_padded, trace_batches
-    from foresight.evaluation.evaluate import golden_pass, teacher_forced
+    from foresight.evaluation.evaluate import teacher_forced
+    from foresight.evaluation.labels import golden_pass
     from foresight.evaluation.methods import build_methods
     from foresight.targets.golden import block_pooled_attention
 
@@ -188,7 +189,7 @@ def test_one_golden_rollout_scores_every_method_as_its_own_would(qwen3):
     """The recall pass is shared by the methods of a budget: each gets what a golden rollout of its own gives (the
     random policy included: every method draws from its own generator)."""
     from foresight.data.references import make_batch, trace_batches
-    from foresight.evaluation.evaluate import golden_pass
+    from foresight.evaluation.labels import golden_pass
     from foresight.evaluation.methods import build_methods
     from foresight.targets.golden import block_pooled_attention
 
@@ -219,7 +220,7 @@ def test_references_are_seeded_per_prompt_batched_and_cached(tiny_model_dir, mon
             "traces.temperature=1.0", "traces.top_k=0", "traces.top_p=1.0"]
     r = load_recipe("recipes/tiny-qwen3.yaml", sets + ["traces.batch_size=3"])
     model, tok = load_model(r.model)
-    problems = prompts.load_prompts(r, r.traces.heldout_offset, 3, tok)
+    problems = prompts.load_prompts(r.task, r.traces, r.traces.heldout_offset, 3, tok)
     capsys.readouterr()
     batched = references.reference_traces(r, model, tok, problems, "cpu", use_cache=False, log=lambda *_: None,
                                           progress=True)

@@ -16,13 +16,13 @@ from foresight.training.sft import train_sft
 def test_eval_without_recall_computes_no_golden_labels_and_the_same_loss_ratios(tiny_model_dir, tmp_path, monkeypatch):
     """eval.recall=false: the heuristics' rows without golden's labels (never computed) or recall columns, their
     losses as with recall; golden itself still gets its labels."""
-    from foresight.evaluation import evaluate
+    from foresight.evaluation import labels as eval_labels
 
     r = load_recipe("recipes/tiny-qwen3.yaml", [f"model.path={tiny_model_dir}", *SETS])
     with_recall = run_eval(r, tmp_path / "ev", methods="full,h2o,tova", budgets="12:4", progress=False,
                            log=lambda *_: None)
-    labels = evaluate.block_pooled_attention
-    monkeypatch.setattr(evaluate, "block_pooled_attention",
+    labels = eval_labels.block_pooled_attention
+    monkeypatch.setattr(eval_labels, "block_pooled_attention",
                         lambda *a, **k: (_ for _ in ()).throw(AssertionError("golden labels computed")))
     quick = load_recipe("recipes/tiny-qwen3.yaml", [f"model.path={tiny_model_dir}", *SETS, "eval.recall=false"])
     rows = run_eval(quick, tmp_path / "quick", methods="full,h2o,tova", budgets="12:4", progress=False,
@@ -33,7 +33,7 @@ def test_eval_without_recall_computes_no_golden_labels_and_the_same_loss_ratios(
         assert a["loss_ratio"] == b["loss_ratio"] and a["per_trace"] == b["per_trace"]
     with pytest.raises(ValueError, match="another evaluation"):  # recall's rows cannot extend an evaluation without
         run_eval(r, tmp_path / "quick", methods="full,h2o,tova", budgets="12:4", progress=False, log=lambda *_: None)
-    monkeypatch.setattr(evaluate, "block_pooled_attention", labels)
+    monkeypatch.setattr(eval_labels, "block_pooled_attention", labels)
     golden = run_eval(quick, tmp_path / "golden", methods="golden", budgets="12:4", progress=False, log=lambda *_: None)
     assert golden[0]["loss_ratio"] < rows[1]["loss_ratio"]
 

@@ -46,10 +46,10 @@ def test_a_recipe_reading_heldout_rows_as_training_rows_is_refused():
 
     recipe = load_recipe(ROOT / "recipes/smollm2-135m-realbench.yaml", ["traces.num_prompts=300"])
     with pytest.raises(ValueError, match=r"row 264 is a 'heldout' prompt.*traces.num_prompts.*264"):
-        prompts.load_prompts(recipe, 256, 16, split="train")
+        prompts.load_prompts(recipe.task, recipe.traces, 256, 16, split="train")
     with pytest.raises(ValueError, match="row 263 is a 'train' prompt"):
-        prompts.load_prompts(recipe, 263, 4, split="heldout")
-    assert len(prompts.load_prompts(recipe, 264, 64, split="heldout")) == 64
+        prompts.load_prompts(recipe.task, recipe.traces, 263, 4, split="heldout")
+    assert len(prompts.load_prompts(recipe.task, recipe.traces, 264, 64, split="heldout")) == 64
 
 
 def test_heldout_rows_do_not_move_with_the_number_of_training_prompts(tmp_path):
@@ -58,12 +58,13 @@ def test_heldout_rows_do_not_move_with_the_number_of_training_prompts(tmp_path):
     from foresight.data import prompts
 
     R = ROOT / "recipes/smollm2-135m-realbench.yaml"
-    every = [p.index for p in prompts.heldout_prompts(load_recipe(R), 3)]
-    assert every == [p.index for p in prompts.heldout_prompts(load_recipe(R, ["traces.num_prompts=64"]), 3)] == [264, 265, 266]
+    r, r64 = load_recipe(R), load_recipe(R, ["traces.num_prompts=64"])
+    every = [p.index for p in prompts.heldout_prompts(r.task, r.traces, 3)]
+    assert every == [p.index for p in prompts.heldout_prompts(r64.task, r64.traces, 3)] == [264, 265, 266]
     plain = tmp_path / "p.jsonl"
     plain.write_text("".join(json.dumps({"prompt": f"question {i}"}) + "\n" for i in range(10)))
     r = load_recipe(R, [f"traces.prompt_dataset={plain}", "traces.num_prompts=7"])
-    assert [p.index for p in prompts.heldout_prompts(r, 5)] == [7, 8, 9]
+    assert [p.index for p in prompts.heldout_prompts(r.task, r.traces, 5)] == [7, 8, 9]
 
 
 def _row(method, B, lr, ci, low=0.1, low_ci=(0.09, 0.11)):

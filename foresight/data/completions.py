@@ -34,24 +34,25 @@ from foresight.data.openai_client import RejectedRequest, ServerClient, ServerEr
 REQUEST_STYLES = ("openai", "transformers")
 
 
-def served_model_name(recipe) -> str:
-    """The name requests carry: ``traces.server_model``, else the recipe's model as the server would be started with
-    it (a built-in or PyPI model as its local folder; a GGUF file as ``folder:file.gguf``)."""
-    if recipe.traces.server_model:
-        return recipe.traces.server_model
-    path, gguf = resolve_path(recipe.model.path, recipe.model.gguf_file)
+def served_model_name(traces_cfg, model_cfg) -> str:
+    """The name requests carry: ``traces.server_model``, else the recipe's model (``model_cfg``) as the server would
+    be started with it (a built-in or PyPI model as its local folder; a GGUF file as ``folder:file.gguf``)."""
+    if traces_cfg.server_model:
+        return traces_cfg.server_model
+    path, gguf = resolve_path(model_cfg.path, model_cfg.gguf_file)
     return f"{path}:{gguf}" if gguf else path
 
 
-def prompt_seed(recipe, index: int) -> int:
-    return (recipe.traces.seed * 1_000_003 + index) % 2**31
+def prompt_seed(traces_cfg, index: int) -> int:
+    """The seed a prompt's request carries (``traces_cfg``: the recipe's ``traces`` section)."""
+    return (traces_cfg.seed * 1_000_003 + index) % 2**31
 
 
 class RemoteGenerator:
-    """Completions of the recipe's prompts from the server at ``traces.base_url``, kept under ``folder``."""
+    """Completions of the recipe's prompts from the server at ``traces.base_url``, kept under ``folder`` (``cfg``,
+    ``model_cfg``: the recipe's ``traces`` and ``model`` sections)."""
 
-    def __init__(self, recipe, tokenizer, folder: Path, log=print):
-        cfg = recipe.traces
+    def __init__(self, cfg, model_cfg, tokenizer, folder: Path, log=print):
         if not cfg.base_url:
             raise ServerError("traces.engine=openai needs traces.base_url (e.g. http://localhost:8000/v1)")
         key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
@@ -59,8 +60,7 @@ class RemoteGenerator:
             raise ServerError(f"traces.api_key_env names ${cfg.api_key_env}, which is not set")
         self.cfg, self.tok, self.folder, self.log = cfg, tokenizer, Path(folder), log
         self.client = ServerClient(cfg.base_url, key, timeout=cfg.request_timeout, max_retries=cfg.max_retries)
-        self.model_name = served_model_name(recipe)
-        self.recipe = recipe
+        self.model_name = served_model_name(cfg, model_cfg)
         self.style: str | None = None
         self.pool: ThreadPoolExecutor | None = None
         self.futures: dict = {}
@@ -167,7 +167,7 @@ class RemoteGenerator:
             self.requests += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
-            resp = self.client.complete(self.body(ids, prompt_seed(self.recipe, index), self.style))
+            resp = self.client.complete(self.body(ids, prompt_seed(self.cfg, index), self.style))
         except ServerError as e:
             raise ServerError(f"prompt {index}: {e}") from None
         finally:

@@ -54,33 +54,32 @@ def ledger_spec(task) -> ledger.LedgerSpec:
     return ledger.LedgerSpec(task.facts, task.variables, task.filler, task.scratch)
 
 
-def heldout_prompts(recipe, count: int, tokenizer=None) -> list["Prompt"]:
+def heldout_prompts(task, traces, count: int, tokenizer=None) -> list["Prompt"]:
     """The first ``count`` held-out prompts: synthetic seeds from ``traces.heldout_offset``; for a dataset with a
     ``split`` column its first ``heldout`` rows, whatever the number of training prompts used (traces from the first
     64 of 264 training rows are evaluated on the same held-out rows as traces from all of them); else the rows after
-    the training prompts. None is an error."""
-    start = recipe.traces.heldout_offset if recipe.traces.prompt_dataset is None else first_heldout_row(recipe)
-    problems = load_prompts(recipe, start, count, tokenizer, split="heldout")
+    the training prompts. None is an error. ``task``, ``traces``: the recipe's sections."""
+    start = traces.heldout_offset if traces.prompt_dataset is None else first_heldout_row(traces)
+    problems = load_prompts(task, traces, start, count, tokenizer, split="heldout")
     if not problems:
         raise ValueError(f"no held-out problems: the prompt dataset has no rows after the first {start}")
     return problems
 
 
-def first_heldout_row(recipe) -> int:
+def first_heldout_row(traces) -> int:
     """Where a prompt dataset's held-out rows begin: its first ``split == heldout`` row when it has a ``split``
-    column, else right after the ``traces.num_prompts`` training rows."""
-    ds = load_prompt_dataset(recipe.traces.prompt_dataset, recipe.traces.prompt_split)
+    column, else right after the ``traces.num_prompts`` training rows (``traces``: the recipe's section)."""
+    ds = load_prompt_dataset(traces.prompt_dataset, traces.prompt_split)
     if "split" not in ds.column_names:
-        return recipe.traces.num_prompts
+        return traces.num_prompts
     return next((i for i, s in enumerate(ds["split"]) if s == "heldout"), len(ds))
 
 
-def load_prompts(recipe, start: int, count: int, tokenizer=None, split: str | None = None) -> list[Prompt]:
-    """Prompts ``start .. start+count-1`` of the recipe's prompt source. ``split`` (``train`` or ``heldout``): when
-    the dataset has a ``split`` column, every row read must carry that value (a recipe whose ``traces.num_prompts``
-    does not end where the held-out rows begin would otherwise train on held-out prompts or evaluate on training
-    ones)."""
-    task, traces_cfg = recipe.task, recipe.traces
+def load_prompts(task, traces_cfg, start: int, count: int, tokenizer=None, split: str | None = None) -> list[Prompt]:
+    """Prompts ``start .. start+count-1`` of the prompt source of a recipe's ``task`` and ``traces`` sections.
+    ``split`` (``train`` or ``heldout``): when the dataset has a ``split`` column, every row read must carry that value
+    (a recipe whose ``traces.num_prompts`` does not end where the held-out rows begin would otherwise train on held-out
+    prompts or evaluate on training ones)."""
     if traces_cfg.prompt_dataset is None:
         if task.kind != "ledger":
             raise ValueError(f"task.kind={task.kind!r} needs traces.prompt_dataset (a path or a hub name)")
@@ -178,11 +177,11 @@ def math_correct(text: str, answer: str) -> bool:
     return got is not None and normalise_answer(got) == normalise_answer(extract_boxed(answer) or answer)
 
 
-def check(recipe, solution_ids: list[int], text: str, answer: str | None) -> bool | None:
-    """Correctness of one generated solution (None when the task is not checkable)."""
-    kind = recipe.task.kind
+def check(task, solution_ids: list[int], text: str, answer: str | None) -> bool | None:
+    """Correctness of one generated solution under the recipe's ``task`` (None when the task is not checkable)."""
+    kind = task.kind
     if kind == "ledger":
-        return ledger.check(solution_ids, answer, ledger_spec(recipe.task))
+        return ledger.check(solution_ids, answer, ledger_spec(task))
     if kind == "math":
         return math_correct(text, answer)
     return None

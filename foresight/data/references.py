@@ -47,11 +47,11 @@ def model_fingerprint(model_cfg) -> dict:
     return {"path": str(path), "gguf": gguf, "revision": model_cfg.revision, "dtype": model_cfg.dtype, "files": files}
 
 
-def reference_key(recipe, prompt_ids: list[int], seed: int, model: dict) -> str:
-    """A hash of everything a reference trace depends on (``model``: its :func:`model_fingerprint`)."""
-    tr = recipe.traces
-    blob = {"model": model, "task": dict(vars(recipe.task)), "prompt": prompt_ids,
-            "sampling": [tr.max_new_tokens, recipe.eval.do_sample, tr.temperature, tr.top_k, tr.top_p, seed]
+def reference_key(task, tr, do_sample: bool, prompt_ids: list[int], seed: int, model: dict) -> str:
+    """A hash of everything a reference trace depends on: the recipe's ``task`` and ``traces`` (``tr``) sections,
+    ``eval.do_sample``, the prompt, the seed and ``model`` (its :func:`model_fingerprint`)."""
+    blob = {"model": model, "task": dict(vars(task)), "prompt": prompt_ids,
+            "sampling": [tr.max_new_tokens, do_sample, tr.temperature, tr.top_k, tr.top_p, seed]
             + ([tr.min_tokens] if tr.min_tokens else [])}  # keys made before min_tokens existed stay valid
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
@@ -64,7 +64,8 @@ def reference_traces(recipe, model, tok, problems, device, use_cache: bool = Tru
     seed = recipe.eval.seed
     rows = [prompts.encode(p, tok) for p in problems]
     fingerprint = model_fingerprint(recipe.model)  # one look at the model's files for all prompts
-    keys = [reference_key(recipe, r, seed * 1_000_003 + p.index, fingerprint) for r, p in zip(rows, problems)]
+    keys = [reference_key(recipe.task, recipe.traces, recipe.eval.do_sample, r, seed * 1_000_003 + p.index, fingerprint)
+            for r, p in zip(rows, problems)]
     refs: list[dict | None] = [None] * len(problems)
     if use_cache:
         for i, k in enumerate(keys):
@@ -94,7 +95,7 @@ def reference_traces(recipe, model, tok, problems, device, use_cache: bool = Tru
         full = rollout(model, full_ids, attention_mask=full_mask)
         for j, i in enumerate(part):
             S = len(seqs[j])
-            ok = prompts.check(recipe, news[j], tok.decode(news[j], skip_special_tokens=True), problems[i].answer)
+            ok = prompts.check(recipe.task, news[j], tok.decode(news[j], skip_special_tokens=True), problems[i].answer)
             refs[i] = {"ids": torch.tensor([seqs[j]], device=device), "prompt_len": len(rows[i]),
                        "loss": full.token_loss[j, :S].clone(), "entropy": full.token_entropy[j, :S].clone(),
                        "correct": ok}

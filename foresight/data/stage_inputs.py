@@ -20,19 +20,19 @@ def split_traces(n: int, val: int) -> tuple[list[int], list[int]]:
     return list(range(n - val)), list(range(n - val, n))
 
 
-def check_traces_model(ds, traces_dir, recipe, model) -> None:
-    """Refuse traces made by another model than the recipe's (their ``meta.json``) or holding token ids outside the
-    model's vocabulary."""
+def check_traces_model(ds, traces_dir, model_cfg, model) -> None:
+    """Refuse traces made by another model than the recipe's (``model_cfg``: its ``model`` section; the traces'
+    ``meta.json`` names theirs) or holding token ids outside the model's vocabulary."""
     meta = Path(traces_dir) / "meta.json"
     if meta.exists():
         try:
             made = json.loads(meta.read_text())
         except ValueError as e:
             raise ValueError(f"{meta} is not valid JSON ({e})") from None
-        if (made.get("model"), made.get("gguf_file")) != (recipe.model.path, recipe.model.gguf_file):
+        if (made.get("model"), made.get("gguf_file")) != (model_cfg.path, model_cfg.gguf_file):
             raise ValueError(f"the traces in {traces_dir} were made by the model {made.get('model')!r}"
                              f"{' (' + made['gguf_file'] + ')' if made.get('gguf_file') else ''}, the recipe's model "
-                             f"is {recipe.model.path!r}: make traces with this model (foresight traces)")
+                             f"is {model_cfg.path!r}: make traces with this model (foresight traces)")
     vocab = model.get_input_embeddings().num_embeddings
     top = max(max(ids) for ids in ds["input_ids"])
     if top >= vocab:
@@ -40,17 +40,17 @@ def check_traces_model(ds, traces_dir, recipe, model) -> None:
                          "(another tokenizer?)")
 
 
-def load_stage_inputs(recipe, traces_dir, world: int):
+def load_stage_inputs(cfg, model_cfg, traces_dir, world: int):
     """What a scorer-training stage starts from: the device, the frozen LLM, the traces and their train/validation
-    split (the last ``sft.val_traces`` traces validate); clear errors for an indivisible batch or an empty dataset."""
-    cfg = recipe.sft
+    split (the last ``sft.val_traces`` traces validate); clear errors for an indivisible batch or an empty dataset.
+    ``cfg``, ``model_cfg``: the recipe's ``sft`` and ``model`` sections."""
     if cfg.batch_traces % world:
         raise ValueError(f"sft.batch_traces={cfg.batch_traces} must be divisible by the number of processes ({world})")
-    device = distributed.local_device(recipe.model.device)
+    device = distributed.local_device(model_cfg.device)
     torch.manual_seed(cfg.seed)
-    model, _ = load_model(recipe.model, device=str(device))
+    model, _ = load_model(model_cfg, device=str(device))
     ds = load_traces(traces_dir)
-    check_traces_model(ds, traces_dir, recipe, model)
+    check_traces_model(ds, traces_dir, model_cfg, model)
     train_idx, val_idx = split_traces(len(ds), cfg.val_traces)
     if not train_idx:
         raise ValueError(f"no training traces in {traces_dir}")

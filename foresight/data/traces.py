@@ -93,18 +93,18 @@ def make_traces(recipe, out: Path, progress: bool = True, log=print) -> dict:
         raise ValueError(f"traces.num_prompts must be > 0, got {traces_cfg.num_prompts}")
     n_batches = (traces_cfg.num_prompts + traces_cfg.batch_size - 1) // traces_cfg.batch_size
     mine = [i for i in range(n_batches) if i % world == rank]
-    todo = [i for i in mine if not part_file(out, recipe, i).exists()]
+    todo = [i for i in mine if not part_file(out, traces_cfg, i).exists()]
     if len(todo) < len(mine):
         log(f"[traces] resuming: {len(mine) - len(todo)} of {len(mine)} batches already done")
     from tqdm import tqdm
 
-    batches = {bi: prompts.load_prompts(recipe, bi * traces_cfg.batch_size,
+    batches = {bi: prompts.load_prompts(recipe.task, traces_cfg, bi * traces_cfg.batch_size,
                                         min(traces_cfg.batch_size, traces_cfg.num_prompts - bi * traces_cfg.batch_size), tok,
                                         split="train")
                for bi in todo}
     remote = None
     if traces_cfg.engine == "openai":
-        remote = RemoteGenerator(recipe, tok, out / "completions", log=log)
+        remote = RemoteGenerator(traces_cfg, recipe.model, tok, out / "completions", log=log)
         sent = remote.start([batches[bi] for bi in todo])
         log(f"[traces] {sent} prompts sent to {remote.client.base_url} ({traces_cfg.concurrency} in flight); "
             f"{sum(map(len, batches.values())) - sent} completions already on disk")
@@ -116,11 +116,11 @@ def make_traces(recipe, out: Path, progress: bool = True, log=print) -> dict:
             batch = batches[bi]
             rows = [prompts.encode(p, tok) for p in batch]
             if remote is None:
-                news = generate_batch(recipe, model, tok, rows, seed=traces_cfg.seed * 7919 + bi, device=device)
+                news = generate_batch(traces_cfg, model, tok, rows, seed=traces_cfg.seed * 7919 + bi, device=device)
             else:
                 news = remote.tokens(batch)
-            records, n_new = keep_and_score(recipe, model, tok, batch, rows, news, device)
-            atomic.write_json(part_file(out, recipe, bi), records)
+            records, n_new = keep_and_score(recipe.task, traces_cfg, model, tok, batch, rows, news, device)
+            atomic.write_json(part_file(out, traces_cfg, bi), records)
             kept += len(records)
             gen_tokens += n_new
             bar.update(1)
@@ -145,20 +145,21 @@ def make_traces(recipe, out: Path, progress: bool = True, log=print) -> dict:
     return summary
 
 
-def generate_batch(recipe, model, tok, rows: list[list[int]], seed: int, device) -> list[list[int]]:
-    """In-process generation (``traces.engine: hf``): each row's generated tokens, up to and including its EOS."""
+def generate_batch(traces_cfg, model, tok, rows: list[list[int]], seed: int, device) -> list[list[int]]:
+    """In-process generation (``traces.engine: hf``) under the recipe's ``traces`` section: each row's generated
+    tokens, up to and including its EOS."""
     ids, mask = prompts.pad_rows(rows, tok.pad_token_id, device)
     gen = torch.Generator(device=device).manual_seed(seed)
-    decoding = Decoding.from_recipe(recipe.traces, tok)
-    res = generate(model, ids, mask, max_new_tokens=recipe.traces.max_new_tokens, decoding=decoding,
+    decoding = Decoding.from_recipe(traces_cfg, tok)
+    res = generate(model, ids, mask, max_new_tokens=traces_cfg.max_new_tokens, decoding=decoding,
                    options=GenerateOptions(generator=gen))
     return [decoding.truncate(new) for new in res.new_tokens.tolist()]
 
 
-def keep_and_score(recipe, model, tok, batch: list, rows: list, news: list, device) -> tuple[list, int]:
-    """Check each generated row, keep the correct and long ones, and score them with a full-cache pass; -> (records,
-    generated tokens). The same for every engine."""
-    traces_cfg = recipe.traces
+def keep_and_score(task, traces_cfg, model, tok, batch: list, rows: list, news: list, device) -> tuple[list, int]:
+    """Check each generated row (``task``: the recipe's section), keep the correct and long ones (``traces_cfg``:
+    its ``traces`` section), and score them with a full-cache pass; -> (records, generated tokens). The same for
+    every engine."""
     records, n_new = [], 0
     vocab = model.get_output_embeddings().weight.shape[0]
     for p, row, new in zip(batch, rows, news):
@@ -167,7 +168,7 @@ def keep_and_score(recipe, model, tok, batch: list, rows: list, news: list, devi
             raise TraceDataError(f"prompt {p.index}: generated token ids outside the model's vocabulary of {vocab} "
                                  "(was it made by another model?)")
         text = tok.decode(new, skip_special_tokens=True)
-        correct = prompts.check(recipe, new, text, p.answer)
+        correct = prompts.check(task, new, text, p.answer)
         if traces_cfg.require_correct and correct is False:
             continue
         if len(new) < traces_cfg.min_new_tokens:
@@ -183,10 +184,10 @@ def keep_and_score(recipe, model, tok, batch: list, rows: list, news: list, devi
     return records, n_new
 
 
-def part_file(out: Path, recipe, bi: int) -> Path:
+def part_file(out: Path, traces_cfg, bi: int) -> Path:
     """Batch ``bi``'s part file, named by the prompts it covers (a batch cut short by an earlier, smaller
-    ``traces.num_prompts`` is not mistaken for the full one)."""
-    size, n = recipe.traces.batch_size, recipe.traces.num_prompts
+    ``traces.num_prompts`` is not mistaken for the full one); ``traces_cfg``: the recipe's ``traces`` section."""
+    size, n = traces_cfg.batch_size, traces_cfg.num_prompts
     return Path(out) / "parts" / f"prompts-{bi * size:07d}-{min((bi + 1) * size, n):07d}.json"
 
 
@@ -197,7 +198,7 @@ def merge(out: Path, recipe, n_batches: int, model, tok, remote=None) -> dict:
 
     rows = []
     for bi in range(n_batches):
-        f = part_file(out, recipe, bi)
+        f = part_file(out, recipe.traces, bi)
         if not f.exists():
             raise TraceDataError(f"missing part file {f}: a process did not finish; run the same command again")
         try:

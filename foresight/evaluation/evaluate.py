@@ -46,19 +46,19 @@ from foresight.engine.cache import layer_budgets
 from foresight.runtime import atomic
 from foresight.scorers.checkpoint import read_config, record_eval
 from foresight.config.eviction import EvictionSettings
-from foresight.targets.golden import GoldenPolicy, block_pooled_attention
-from foresight.targets.golden import eviction_steps, rows_per_pass as golden_rows_per_pass
-from foresight.targets.kvpop import KVpopOraclePolicy, kvpop_oracle_priorities
+from foresight.config.recipe import EvalConfig
+from foresight.targets.golden import GoldenPolicy
+from foresight.targets.kvpop import KVpopOraclePolicy
 from foresight.evaluation.divergence import divergence_table
-from foresight.evaluation.generation import accuracy, divergences
+from foresight.evaluation.generation import GenerationSettings, accuracy, divergences
+from foresight.evaluation.labels import GoldenPasses, Labels
 from foresight.evaluation.resume import eval_identity, finished_rows
 from foresight.runtime.locks import locks_output
 from foresight.evaluation.methods import Method, build_methods, check_names
 from foresight.engine.models import load_model
-from foresight.data.references import make_batch, reference_traces, stack_padded, trace_batches
+from foresight.data.references import make_batch, reference_traces, trace_batches
 from foresight.evaluation.report import results_table
 from foresight.engine.rollout import RolloutOptions, rollout
-from foresight.engine.selection import top_indices, topk_overlap
 from foresight.engine.attention_shape import AttentionShape
 from foresight.evaluation.shared_prefixes import BatchPrefixes, SharedPrefixes
 from foresight.evaluation.validation_references import check_references_unseen, validation_references
@@ -87,46 +87,149 @@ def teacher_forced(method: Method, model, batch: dict, settings: EvictionSetting
 
 
 @dataclasses.dataclass
-class GoldenPass:
-    """One rollout along the golden trajectory: golden's own per-token losses [b, S] and pairs held [b, S], and every
-    scored method's recalls: (row of the batch, recall@L, keep recall) at each golden step of each row."""
+class Evaluation:
+    """What every row of one evaluation shares: the model, the problems and their references batched both ways
+    (``batchings[protect_prompt]``), the labels, golden's passes and the shared prefixes, and the settings the rows
+    read (``eval``, ``cache.prompt_overflow`` and the generation's)."""
 
-    loss: torch.Tensor
-    held: torch.Tensor
-    recalls: dict
+    model: torch.nn.Module
+    tok: object
+    device: torch.device
+    problems: list
+    refs: list[dict]
+    batchings: dict
+    labels: Labels
+    passes: GoldenPasses
+    prefixes: SharedPrefixes
+    eval_cfg: EvalConfig
+    overflow: str
+    generation: GenerationSettings
 
 
-def golden_pass(methods: list[Method], model, batch: dict, settings: EvictionSettings, future, seed,
-                shared: BatchPrefixes | None = None) -> GoldenPass:
-    """Roll the batch along the golden trajectory once; at each step, every method scores the same view (with its
-    own generator) and its top-L is compared with golden's L: |method's ∩ golden's| / L over layers and heads.
-    ``shared``: as :func:`teacher_forced`'s."""
-    scored = [m for m in methods if not (m.is_full or m.teacher_forced_only or m.stateful)]
-    hits = {m.name: [] for m in methods}  # a stateful scorer (KVpop mLSTM) cannot score a trajectory it did not observe
-    dev = batch["ids"].device
-    scorers = [(m.name, m.make_policy(), torch.Generator(device=dev).manual_seed(seed)) for m in scored]
-    prefix = settings.protected_prefix(batch["prompt_lens"][0])
-    steps = [eviction_steps(n, prefix, settings) for n in batch["lengths"]]
+def check_request(recipe, methods, budgets) -> tuple[list, list[str]]:
+    """The (budget, interval) pairs and method names to evaluate, refused before any work when they cannot be."""
+    eval_cfg = recipe.eval
+    if eval_cfg.num_problems <= 0:
+        raise ValueError(f"eval.num_problems must be > 0, got {eval_cfg.num_problems}")
+    budget_list = parse_budgets(budgets or eval_cfg.budgets)
+    for B, L in budget_list:
+        EvictionSettings(budget=B, interval=L).validate()
+    if recipe.cache.layer_budgets and eval_cfg.recall:
+        raise ValueError("cache.layer_budgets: recall against golden is not measured with per-layer budgets (golden's "
+                         "steps there are not the uniform ones); set eval.recall=false")
+    return budget_list, check_names((methods or eval_cfg.methods).split(","))
 
-    def rec(st):
-        v = st["view"]
-        live = [r for r in range(len(steps)) if st["step"] < steps[r]]
-        for name, pol, gen in scorers:
-            v.generator = gen
-            s = pol.score(v).float().masked_fill(~st["evictable"], float("-inf"))
-            k = st["chosen"].shape[-1]
-            overlap = topk_overlap(top_indices(s, k), st["chosen"])  # [nl, b, h]
-            kept = st["evictable"].sum(-1).float() - k  # candidates golden keeps
-            keep = 1 - k * (1 - overlap) / kept.clamp(min=1)  # share of golden's kept candidates the method keeps too
-            per_row, keep_row = overlap.mean((0, 2)).tolist(), keep.mean((0, 2)).tolist()  # [b]
-            hits[name].extend((r, per_row[r], keep_row[r]) for r in live)
 
-    golden = GoldenPolicy(future)
-    prefix = shared.get(golden, settings, batch, recording=bool(scorers)) if shared is not None else None
-    res = rollout(model, batch["ids"], golden, settings, prompt_len=batch["prompt_lens"][0],
-                  attention_mask=batch["mask"], recorder=rec if scorers else None,
-                  options=RolloutOptions(full=(batch["loss"], batch["entropy"]), entropy=False, prefix=prefix))
-    return GoldenPass(res.token_loss, res.held_per_token.cpu(), hits)
+def load_references(recipe, model, tok, device, scorers, log, progress) -> tuple[list, list[dict]]:
+    """(problems, references): a traces folder's validation traces (``eval.traces``), else the held-out problems and
+    their full-cache reference traces."""
+    eval_cfg = recipe.eval
+    if eval_cfg.traces:  # validation traces of a traces folder: nothing to generate
+        problems, refs = validation_references(recipe, eval_cfg.traces, model, device, scorers, log=log)
+        log(f"[eval] {len(refs)} validation traces of {eval_cfg.traces} (not the held-out references)")
+        return problems, refs
+    problems = prompts.heldout_prompts(recipe.task, recipe.traces, eval_cfg.num_problems, tok)
+    log(f"[eval] {len(problems)} held-out problems; reference full-cache traces ...")
+    refs = reference_traces(recipe, model, tok, problems, device, use_cache=eval_cfg.cache_references, log=log,
+                            progress=progress)
+    return problems, refs
+
+
+def eval_meta(recipe, problems: list, refs: list[dict], seen_prompts) -> dict:
+    """The evaluation's ``meta.json`` (without its duration)."""
+    traces = recipe.eval.traces
+    return {"recipe": recipe.name, "model": recipe.model.path, "num_problems": len(problems),
+            "full_cache_trace_accuracy": None if recipe.task.kind == "none" else
+            sum(bool(r["correct"]) for r in refs) / len(refs),
+            "mean_trace_length": sum(r["ids"].shape[1] for r in refs) / len(refs),
+            "mean_prompt_length": sum(r["prompt_len"] for r in refs) / len(refs),
+            "references": f"validation traces of {Path(traces).resolve()}" if traces else "held-out",
+            "references_with_a_training_prompt": seen_prompts}
+
+
+def evaluate_row(ev: Evaluation, m: Method, B: int, L: int, protect_label, bar) -> dict:
+    """The row of method ``m`` at budget ``B:L`` (``protect_label``: the table's protect_prompt entry)."""
+    eval_cfg = ev.eval_cfg
+    settings = m.settings(B, L, ev.overflow)
+    metrics, along = TraceMetrics(), {}
+    labelled = not m.is_full and (eval_cfg.recall or m.kind == "golden")  # golden's labels for this method
+    for bi, batch in enumerate(ev.batchings[m.protect_prompt]):
+        future = ev.labels.future(batch, settings) if labelled else None
+        prio = ev.labels.priority(batch) if m.kind == "kvpop-oracle" else None
+        seed = eval_cfg.seed * 7919 + bi
+        if m.kind == "golden":  # golden's own rollout is the golden pass
+            gp = ev.passes.get(m, B, L, settings, bi, batch, future, seed)
+            loss, held = gp.loss, gp.held
+        else:
+            loss, held = teacher_forced(m, ev.model, batch, settings, seed, future, prio,
+                                        ev.prefixes.for_batch((m.protect_prompt, bi)))
+        metrics.add(loss, held, batch, protect_label is True, settings)
+        along |= {i: loss[r, :n] for r, (i, n) in enumerate(zip(batch["members"], batch["lengths"]))}  # views
+        if future is not None:
+            metrics.add_recalls(batch, ev.passes.get(m, B, L, settings, bi, batch, future, seed).recalls.pop(m.name, []))
+        bar.update(1)
+    solved, n, sample = accuracy(m, ev.generation, ev.model, ev.tok, ev.problems, B, L, ev.device)
+    bar.update(1)
+    return ({"method": m.name, "budget": B, "interval": L, "protect_prompt": protect_label,
+             "accuracy": None if solved is None else round(sum(solved) / len(solved), 4), "n_samples": n,
+             "num_problems": len(ev.problems)} | metrics.row(eval_cfg.seed)
+            | {"per_problem_solved": None if solved is None else [round(c, 4) for c in solved]}
+            | {"divergence": None if sample is None or eval_cfg.do_sample else divergences(ev.refs, sample, along)})
+
+
+def evaluate_rows(ev: Evaluation, jobs: list, done: dict, out: Path, progress: bool, log) -> list[dict]:
+    """Every (method, budget) row of ``jobs`` in order: those in ``done`` as they were, the others evaluated, each
+    written to ``results.json`` when finished; a protected prompt longer than the budget skips its row under
+    ``cache.prompt_overflow=error``."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=sum(len(ev.batchings[m.protect_prompt]) + 1 for m, _, _ in jobs), desc="eval", disable=not progress)
+    max_prompt = max(r["prompt_len"] for r in ev.refs)
+    rows = []
+    for m, B, L in jobs:
+        bar.set_postfix(method=m.name, budget=f"{B}:{L}")
+        if ev.prefixes.budget != (B, L):
+            ev.prefixes.clear((B, L))
+        if (m.name, B, L) in done:
+            rows.append(done[(m.name, B, L)])
+            bar.update(len(ev.batchings[m.protect_prompt]) + 1)
+            continue
+        protect_label = m.protect_prompt
+        if m.protect_prompt and max_prompt > B:
+            if ev.overflow == "error":
+                log(f"[eval] skipping {m.name} at B={B}: the prompt ({max_prompt} tokens) is longer than the budget "
+                    "and is protected (set cache.prompt_overflow=evict to evict inside the prompt instead)")
+                bar.update(len(ev.batchings[m.protect_prompt]) + 1)
+                continue
+            protect_label = "fallback"
+        rows.append(evaluate_row(ev, m, B, L, protect_label, bar))
+        atomic.write_json(out / "results.json", rows, indent=1)  # each finished row is on disk at once
+    bar.close()
+    return rows
+
+
+def write_outputs(ev: Evaluation, rows: list[dict], meta: dict, meths: list[Method], budget_list: list,
+                  out: Path, record: bool) -> None:
+    """``results.json``, ``meta.json``, ``results.md``, the budget curves and the eviction map (of the last scorer,
+    else golden, else the first evicting method, at the first budget); on ``record``, the scorers' model cards."""
+    atomic.write_json(out / "results.json", rows, indent=1)
+    atomic.write_json(out / "meta.json", meta, indent=1)
+    atomic.write_text(out / "results.md", results_table(rows, meta) + divergence_table(rows))
+    for m in meths:  # on request, the scorers' model cards carry their evaluation
+        if record and m.checkpoint is not None:
+            record_eval(m.checkpoint, rows, m.name)
+    from foresight.evaluation import plots
+
+    plots.budget_curves(rows, out, meta=meta)
+    best = next((m for m in reversed(meths) if m.name.startswith("foresight")), None) or \
+        next((m for m in meths if m.name == "golden"), None) or next((m for m in meths if not m.is_full), None)
+    refs = ev.refs
+    if best is not None and refs and not best.layer_budgets:  # the map records steps: uniform budgets only
+        B, L = budget_list[0]
+        prefix = best.settings(B, L, "evict").protected_prefix(refs[0]["prompt_len"])
+        future = ev.labels.stored_future(0, B, L, prefix)
+        if future is not None or not best.teacher_forced_only:  # golden's map needs its labels (resumed runs lack them)
+            plots.eviction_map(ev.model, refs[0], best, B, L, future, out / "eviction_map.png")
 
 
 @locks_output("eval")
@@ -138,15 +241,7 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     eval_cfg = recipe.eval
-    if eval_cfg.num_problems <= 0:
-        raise ValueError(f"eval.num_problems must be > 0, got {eval_cfg.num_problems}")
-    budget_list = parse_budgets(budgets or eval_cfg.budgets)
-    for B, L in budget_list:
-        EvictionSettings(budget=B, interval=L).validate()
-    if recipe.cache.layer_budgets and eval_cfg.recall:
-        raise ValueError("cache.layer_budgets: recall against golden is not measured with per-layer budgets (golden's "
-                         "steps there are not the uniform ones); set eval.recall=false")
-    method_names = check_names((methods or eval_cfg.methods).split(","))
+    budget_list, method_names = check_request(recipe, methods, budgets)
     identity = {"recipe": eval_identity(recipe), "methods": method_names, "budgets": budget_list,
                 "scorers": [[str(d), read_config(d).get("created")] for d in scorers]}
     done = finished_rows(out, identity)
@@ -163,137 +258,18 @@ def run_eval(recipe, out, methods=None, budgets=None, scorers=(), progress=True,
         layer_budgets.check(layer_budgets.budgets(recipe.cache.layer_budgets, B, num_layers), L, L,
                             max(m.sinks for m in meths))
     t0 = time.time()
-    if eval_cfg.traces:  # validation traces of a traces folder: nothing to generate
-        problems, refs = validation_references(recipe, eval_cfg.traces, model, device, scorers, log=log)
-        log(f"[eval] {len(refs)} validation traces of {eval_cfg.traces} (not the held-out references)")
-    else:
-        problems = prompts.heldout_prompts(recipe, eval_cfg.num_problems, tok)
-        log(f"[eval] {len(problems)} held-out problems; reference full-cache traces ...")
-        refs = reference_traces(recipe, model, tok, problems, device, use_cache=eval_cfg.cache_references, log=log,
-                                progress=progress)
+    problems, refs = load_references(recipe, model, tok, device, scorers, log, progress)
     seen_prompts = check_references_unseen(refs, scorers, log)
-    bs = eval_cfg.batch_size
-    batchings = {flag: [make_batch(refs, b, tok.pad_token_id) for b in trace_batches(refs, bs, flag)]
+    batchings = {flag: [make_batch(refs, b, tok.pad_token_id) for b in trace_batches(refs, eval_cfg.batch_size, flag)]
                  for flag in (False, True)}
-    futures, priorities = {}, {}
-
-    def future_for(batch, settings: EvictionSettings):
-        """The batch's golden futures under ``settings`` (blocks after the protected prompt, if any), computed
-        for the traces that lack them in batched passes and kept for the other methods."""
-        B, L = settings.budget, settings.interval
-        prefix = settings.protected_prefix(batch["prompt_lens"][0])
-        rows = [r for r, i in enumerate(batch["members"]) if (i, B, L, prefix) not in futures]
-        per_pass = golden_rows_per_pass(model, L, max(batch["lengths"]))
-        for k in range(0, len(rows), per_pass):
-            part = rows[k:k + per_pass]
-            lengths = [batch["lengths"][r] for r in part]
-            pooler = block_pooled_attention(model, batch["ids"][part, :max(lengths)], EvictionSettings(budget=B, interval=L),
-                                            recipe.sft.golden_pool, lengths=lengths, prefix=prefix)
-            for r, f in zip(part, pooler.futures()):
-                futures[(batch["members"][r], B, L, prefix)] = f
-        return stack_padded([futures[(i, B, L, prefix)] for i in batch["members"]], (1, 3))
-
-    def priorities_for(batch):
-        for i in batch["members"]:
-            if i not in priorities:
-                priorities[i] = kvpop_oracle_priorities(model, refs[i]["ids"], recipe.kvpop)[0]
-        return stack_padded([priorities[i] for i in batch["members"]], (2,))
-
-    max_prompt = max(r["prompt_len"] for r in refs)
-    overflow = recipe.cache.prompt_overflow
-    shared_passes = {}
-
-    def golden_pass_for(m, B, L, settings, bi, batch, future, seed) -> GoldenPass:
-        """Batch ``bi``'s golden pass under ``m``'s settings: one rollout serves golden's own row and the recalls of
-        every pending method with the same settings at this budget (run for the first of them)."""
-        def along_golden(s: EvictionSettings) -> EvictionSettings:  # golden's path is top-L whatever m samples
-            return s.replace(prompt_overflow="evict", selection="topk", temperature=1.0)
-
-        settings = along_golden(settings)
-        key = (settings.key(), m.protect_prompt, bi)
-        if key not in shared_passes:
-            group = [x for x in meths if (x.name, B, L) not in done and x.protect_prompt == m.protect_prompt
-                     and (eval_cfg.recall or x.kind == "golden")  # without recall only golden's own row
-                     and along_golden(x.settings(B, L, "evict")) == settings]
-            shared_passes[key] = golden_pass(group, model, batch, settings, future, seed,
-                                             prefixes.for_batch((m.protect_prompt, bi)))
-        return shared_passes[key]
-
-    from tqdm import tqdm
-
-    jobs = [(m, B, L) for (B, L) in budget_list for m in meths]
-    bar = tqdm(total=sum(len(batchings[m.protect_prompt]) + 1 for m, _, _ in jobs), desc="eval", disable=not progress)
-    rows = []
-    meta = {"recipe": recipe.name, "model": recipe.model.path, "num_problems": len(problems),
-            "full_cache_trace_accuracy": None if recipe.task.kind == "none" else
-            sum(bool(r["correct"]) for r in refs) / len(refs),
-            "mean_trace_length": sum(r["ids"].shape[1] for r in refs) / len(refs),
-            "mean_prompt_length": sum(r["prompt_len"] for r in refs) / len(refs),
-            "references": f"validation traces of {Path(eval_cfg.traces).resolve()}" if eval_cfg.traces else "held-out",
-            "references_with_a_training_prompt": seen_prompts}
+    meta = eval_meta(recipe, problems, refs, seen_prompts)
     atomic.write_json(out / "meta.json", meta, indent=1)  # with the rows finished so far, a stopped run can be reported
     prefixes = SharedPrefixes(model)  # the part before the first eviction, run once per batch and budget
-    for m, B, L in jobs:
-        bar.set_postfix(method=m.name, budget=f"{B}:{L}")
-        if prefixes.budget != (B, L):
-            prefixes.clear((B, L))
-        batches = batchings[m.protect_prompt]
-        if (m.name, B, L) in done:
-            rows.append(done[(m.name, B, L)])
-            bar.update(len(batches) + 1)
-            continue
-        protect_label = m.protect_prompt
-        if m.protect_prompt and max_prompt > B:
-            if overflow == "error":
-                log(f"[eval] skipping {m.name} at B={B}: the prompt ({max_prompt} tokens) is longer than the budget "
-                    "and is protected (set cache.prompt_overflow=evict to evict inside the prompt instead)")
-                bar.update(len(batches) + 1)
-                continue
-            protect_label = "fallback"
-        settings = m.settings(B, L, overflow)
-        metrics, along = TraceMetrics(), {}
-        labelled = not m.is_full and (eval_cfg.recall or m.kind == "golden")  # golden's labels for this method
-        for bi, batch in enumerate(batches):
-            future = future_for(batch, settings) if labelled else None
-            prio = priorities_for(batch) if m.kind == "kvpop-oracle" else None
-            seed = eval_cfg.seed * 7919 + bi
-            if m.kind == "golden":  # golden's own rollout is the golden pass
-                gp = golden_pass_for(m, B, L, settings, bi, batch, future, seed)
-                loss, held = gp.loss, gp.held
-            else:
-                loss, held = teacher_forced(m, model, batch, settings, seed, future, prio,
-                                            prefixes.for_batch((m.protect_prompt, bi)))
-            metrics.add(loss, held, batch, protect_label is True, settings)
-            along |= {i: loss[r, :n] for r, (i, n) in enumerate(zip(batch["members"], batch["lengths"]))}  # views
-            if future is not None:
-                metrics.add_recalls(batch, golden_pass_for(m, B, L, settings, bi, batch, future, seed).recalls.pop(m.name, []))
-            bar.update(1)
-        solved, n, sample = accuracy(m, recipe, model, tok, problems, B, L, device)
-        bar.update(1)
-        rows.append({"method": m.name, "budget": B, "interval": L, "protect_prompt": protect_label,
-                     "accuracy": None if solved is None else round(sum(solved) / len(solved), 4), "n_samples": n,
-                     "num_problems": len(problems)} | metrics.row(eval_cfg.seed)
-                    | {"per_problem_solved": None if solved is None else [round(c, 4) for c in solved]}
-                    | {"divergence": None if sample is None or eval_cfg.do_sample else divergences(refs, sample, along)})
-        atomic.write_json(out / "results.json", rows, indent=1)  # each finished row is on disk at once
-    bar.close()
+    ev = Evaluation(model, tok, device, problems, refs, batchings, Labels(model, refs, recipe.sft.golden_pool, recipe.kvpop),
+                    GoldenPasses(model, meths, done, eval_cfg.recall, prefixes), prefixes, eval_cfg,
+                    recipe.cache.prompt_overflow, GenerationSettings(recipe.task, recipe.traces, eval_cfg))
+    rows = evaluate_rows(ev, [(m, B, L) for (B, L) in budget_list for m in meths], done, out, progress, log)
     meta["seconds"] = round(time.time() - t0, 1)
-    atomic.write_json(out / "results.json", rows, indent=1)
-    atomic.write_json(out / "meta.json", meta, indent=1)
-    atomic.write_text(out / "results.md", results_table(rows, meta) + divergence_table(rows))
-    for m in meths:  # on request, the scorers' model cards carry their evaluation
-        if record and m.checkpoint is not None:
-            record_eval(m.checkpoint, rows, m.name)
-    from foresight.evaluation import plots
-
-    plots.budget_curves(rows, out, meta=meta)
-    best = next((m for m in reversed(meths) if m.name.startswith("foresight")), None) or \
-        next((m for m in meths if m.name == "golden"), None) or next((m for m in meths if not m.is_full), None)
-    if best is not None and refs and not best.layer_budgets:  # the map records steps: uniform budgets only
-        B, L = budget_list[0]
-        prefix = best.settings(B, L, "evict").protected_prefix(refs[0]["prompt_len"])
-        future = futures.get((0, B, L, prefix))
-        if future is not None or not best.teacher_forced_only:  # golden's map needs its labels (resumed runs lack them)
-            plots.eviction_map(model, refs[0], best, B, L, future, out / "eviction_map.png")
+    write_outputs(ev, rows, meta, meths, budget_list, out, record)
     log(results_table(rows, meta) + divergence_table(rows))
     return rows

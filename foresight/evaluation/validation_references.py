@@ -77,7 +77,7 @@ def validation_references(recipe, traces_dir, model, device, scorers=(), log=pri
     ``prompt_index`` (for accuracy, when the task has a checker). SFT's split holds out at most a quarter of a folder;
     when that caps ``sft.val_traces``, ``log`` says so (a search on 8 traces where 32 were asked for is easy to miss)."""
     ds = load_traces(traces_dir)
-    check_traces_model(ds, traces_dir, recipe, model)
+    check_traces_model(ds, traces_dir, recipe.model, model)
     _, val_idx = split_traces(len(ds), recipe.sft.val_traces)
     if not val_idx:
         raise ValueError(f"{traces_dir} has no validation traces: sft.val_traces={recipe.sft.val_traces} of "
@@ -93,7 +93,8 @@ def validation_references(recipe, traces_dir, model, device, scorers=(), log=pri
     by_index = {}  # the prompts behind the traces, read in one pass over the prompt source
     if recipe.task.kind != "none":
         lo = min(indices)
-        by_index = {p.index: p for p in prompts.load_prompts(recipe, lo, max(indices) - lo + 1, split="train")}
+        read = prompts.load_prompts(recipe.task, recipe.traces, lo, max(indices) - lo + 1, split="train")
+        by_index = {p.index: p for p in read}
     problems, refs = [], []
     for row, index in zip(rows, indices):
         problems.append(by_index.get(index) or prompts.Prompt(index, [], row.get("answer")))

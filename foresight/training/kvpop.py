@@ -85,7 +85,7 @@ def train_kvpop(recipe, traces_dir, out, resume: bool = False, deepspeed_config=
     out = Path(out)
     cfg, kvpop_cfg, cache_cfg = recipe.sft, recipe.kvpop, recipe.cache
     rank, world = distributed.rank_world()
-    device, model, ds, train_idx, val_idx = load_stage_inputs(recipe, traces_dir, world)
+    device, model, ds, train_idx, val_idx = load_stage_inputs(recipe.sft, recipe.model, traces_dir, world)
     scorer = scorer_for_model(model, kvpop_cfg, cache_cfg.budget, cfg.seed).to(device)
     k = cache_cfg.budget - kvpop_cfg.sinks - kvpop_cfg.window
     plan = train_plan(cfg, identity=run_identity(recipe, ("model", "cache", "sft", "kvpop"), ds))

@@ -147,7 +147,7 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
         raise ValueError("sft.objective='kvpop' is trained by foresight.training.kvpop.train_kvpop")
     if cfg.objective != "foresight":
         raise ValueError(f"sft.objective={cfg.objective!r} is not available (foresight | kvpop)")
-    device, model, ds, train_idx, val_idx = load_stage_inputs(recipe, traces_dir, world)
+    device, model, ds, train_idx, val_idx = load_stage_inputs(recipe.sft, recipe.model, traces_dir, world)
     bank = bank_for_model(model, recipe.scorer.hidden, recipe.scorer.activation, recipe.scorer.features, cfg.seed)
     init = start_from(cfg, model, bank, log)  # before the optimiser (and DeepSpeed's partitioning) sees the weights
     plan = train_plan(cfg, identity=run_identity(recipe, ("model", "cache", "scorer", "sft"), ds))

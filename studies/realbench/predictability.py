@@ -224,7 +224,7 @@ def run(recipe, probe: Probe, out: Path, scorer: Path | None = None, log=print) 
     if bank is not None and not isinstance(bank, ScorerBank):
         raise ValueError(f"--scorer {scorer}: a ForesightKV scorer checkpoint is needed (this one is "
                          f"{type(bank).__name__}, whose decisions are not made at eviction steps)")
-    problems = prompts.heldout_prompts(recipe, probe.problems, tok)
+    problems = prompts.heldout_prompts(recipe.task, recipe.traces, probe.problems, tok)
     refs = reference_traces(recipe, model, tok, problems, device, use_cache=recipe.eval.cache_references, log=log)
     position = probe.position or default_position(budgets, min(r["ids"].shape[1] for r in refs))
     # the evaluation's golden path: the recipe's sinks and window, top-L, the prompt not protected

@@ -106,7 +106,7 @@ def train_grpo(recipe, traces_dir, init, out, resume: bool = False, deepspeed_co
     bank.train().requires_grad_(True)
     ref = copy.deepcopy(bank).eval().requires_grad_(False)
     ds = load_traces(traces_dir)
-    check_traces_model(ds, traces_dir, recipe, model)
+    check_traces_model(ds, traces_dir, recipe.model, model)
     train_idx, val_idx = split_traces(len(ds), grpo_cfg.val_traces)
     # a constant rate after warm-up; the schedule stays ours under DeepSpeed: GRPO takes `epochs` optimiser steps
     # per training step and steps the schedule once

@@ -28,7 +28,7 @@ n = int(sys.argv[1]) if len(sys.argv) > 1 else 16
 recipe = load_recipe("recipes/smollm2-135m-realbench.yaml", [f"eval.num_problems={n}"])
 budgets = parse_budgets(sys.argv[2] if len(sys.argv) > 2 else recipe.eval.budgets)
 model, tok = load_model(recipe.model)
-problems = prompts.heldout_prompts(recipe, n, tok)
+problems = prompts.heldout_prompts(recipe.task, recipe.traces, n, tok)
 refs = reference_traces(recipe, model, tok, problems, torch.device("cpu"), use_cache=True, progress=False)
 batch = make_batch(refs, list(range(n)), tok.pad_token_id)
 names = "streamingllm,h2o,tova,snapkv,rkv,scissorhands,knorm,keydiff,random"

@@ -41,7 +41,7 @@ n = int(sys.argv[1]) if len(sys.argv) > 1 else 16
 budgets = parse_budgets(sys.argv[2] if len(sys.argv) > 2 else "256:32,512:32")
 recipe = load_recipe("recipes/smollm2-135m-realbench.yaml", [f"eval.num_problems={n}"])
 model, tok = load_model(recipe.model)
-refs = reference_traces(recipe, model, tok, prompts.heldout_prompts(recipe, n, tok), torch.device("cpu"),
+refs = reference_traces(recipe, model, tok, prompts.heldout_prompts(recipe.task, recipe.traces, n, tok), torch.device("cpu"),
                         use_cache=True, progress=False)
 batch = make_batch(refs, list(range(n)), tok.pad_token_id)
 (method,) = build_methods(["rkv"], [], model, False, (recipe.kvpop.window, recipe.kvpop.sinks), ("topk", 1.0))

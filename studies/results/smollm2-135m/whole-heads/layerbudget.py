@@ -21,26 +21,22 @@ spec = importlib.util.spec_from_file_location(
 hb = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(hb)  # patches cache_chunks.plan with the per-head budget enforcement
 
-from foresight.scorers.checkpoint import load_scorer, policy_from_checkpoint  # noqa: E402
+from foresight.scorers.checkpoint import policy_from_checkpoint  # noqa: E402
 from foresight.config.eviction import EvictionSettings  # noqa: E402
-from foresight.config.recipe import load_recipe  # noqa: E402
-from foresight.engine.models import load_model  # noqa: E402
 from foresight.evaluation.paired import paired_diff_ci  # noqa: E402
 from foresight.policies import make_policy  # noqa: E402
 from foresight.data.references import make_batch, trace_batches  # noqa: E402
 from foresight.evaluation.report import bootstrap_ci  # noqa: E402
 from foresight.engine.rollout import RolloutOptions, rollout  # noqa: E402
-from foresight.evaluation.validation_references import validation_references  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repository, for studies/
+from studies.smollm2_probe import validation_probe  # noqa: E402
 
 MID = range(15, 25)
 
 
 def main(scorer_dir, out):
-    recipe = load_recipe("recipes/smollm2-135m-realbench.yaml", ["sft.val_traces=32", "eval.num_problems=32"])
-    model, tok = load_model(recipe.model)
-    dev = next(model.parameters()).device
-    _, refs = validation_references(recipe, "runs/rb/traces", model, dev, [scorer_dir])
-    bank, cfg = load_scorer(scorer_dir, model)
+    probe = validation_probe(scorer_dir)
+    model, tok, refs, bank, cfg = probe.model, probe.tok, probe.refs, probe.bank, probe.cfg
     nl, h = model.config.num_hidden_layers, model.config.num_key_value_heads
     longest = max(r["ids"].shape[1] for r in refs)
     L = hb.L

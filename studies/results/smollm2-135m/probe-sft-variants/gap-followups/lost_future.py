@@ -24,7 +24,7 @@ ap.add_argument("--recipe", default="recipes/smollm2-135m-realbench.yaml")
 ap.add_argument("--out", required=True)
 a = ap.parse_args()
 recipe = load_recipe(a.recipe, ["sft.val_traces=32"])
-_, model, ds, _, val_idx = load_stage_inputs(recipe, a.traces, 1)
+_, model, ds, _, val_idx = load_stage_inputs(recipe.sft, recipe.model, a.traces, 1)
 cfg = recipe.sft
 store = GoldenStore(model, recipe.cache, cfg.golden_pool, cfg.example_steps, cfg.seed)
 rows = {}

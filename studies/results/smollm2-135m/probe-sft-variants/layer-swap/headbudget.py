@@ -10,21 +10,21 @@ the uniform rows check that against the engine's own (``swap.py``'s scorer row, 
 
 import json
 import sys
+from pathlib import Path
 import time
 
 import torch
 
 from foresight.engine.cache import chunks as cache_chunks
-from foresight.scorers.checkpoint import load_scorer, policy_from_checkpoint
+from foresight.scorers.checkpoint import policy_from_checkpoint
 from foresight.config.eviction import EvictionSettings
-from foresight.config.recipe import load_recipe
 from foresight.engine.eviction import current_view
-from foresight.engine.models import load_model
 from foresight.policies import make_policy
 from foresight.data.references import make_batch, trace_batches
 from foresight.evaluation.report import bootstrap_ci
 from foresight.engine.rollout import RolloutOptions, rollout
-from foresight.evaluation.validation_references import validation_references
+sys.path.insert(0, str(Path(__file__).resolve().parents[5]))  # the repository, for studies/
+from studies.smollm2_probe import validation_probe  # noqa: E402
 
 L = 32
 BUDGETS = {"budgets": None}  # the rollout in progress: [nl, h] long per-head budgets
@@ -64,11 +64,8 @@ cache_chunks.plan = plan
 
 
 def main(scorer_dir, out):
-    recipe = load_recipe("recipes/smollm2-135m-realbench.yaml", ["sft.val_traces=32", "eval.num_problems=32"])
-    model, tok = load_model(recipe.model)
-    dev = next(model.parameters()).device
-    _, refs = validation_references(recipe, "runs/rb/traces", model, dev, [scorer_dir])
-    bank, cfg = load_scorer(scorer_dir, model)
+    probe = validation_probe(scorer_dir)
+    model, tok, refs, bank, cfg = probe.model, probe.tok, probe.refs, probe.bank, probe.cfg
     nl, h = model.config.num_hidden_layers, model.config.num_key_value_heads
     longest = max(r["ids"].shape[1] for r in refs)
     room = EvictionSettings(budget=-(-longest // L) * L + L, interval=L)  # never evicts by itself

@@ -12,21 +12,20 @@ scorer with the prompt's pairs ranked last for eviction (kept while any other ca
 
 import json
 import sys
+from pathlib import Path
 import time
 
 import torch
 
-from foresight.scorers.checkpoint import load_scorer, policy_from_checkpoint
+from foresight.scorers.checkpoint import policy_from_checkpoint
 from foresight.config.eviction import EvictionSettings
-from foresight.config.recipe import load_recipe
-from foresight.targets.golden import GoldenPolicy, block_pooled_attention
-from foresight.engine.models import load_model
+from foresight.targets.golden import GoldenPolicy
 from foresight.policies import make_policy
 from foresight.policies.base import Policy
-from foresight.data.references import make_batch, stack_padded, trace_batches
 from foresight.evaluation.report import bootstrap_ci
 from foresight.engine.rollout import RolloutOptions, rollout
-from foresight.evaluation.validation_references import validation_references
+sys.path.insert(0, str(Path(__file__).resolve().parents[5]))  # the repository, for studies/
+from studies.smollm2_probe import golden_batches, validation_probe  # noqa: E402
 
 
 class Masked(Policy):
@@ -55,11 +54,8 @@ class PromptLast(Policy):
 
 
 def main(scorer_dir, out, what="layer18"):
-    recipe = load_recipe("recipes/smollm2-135m-realbench.yaml", ["sft.val_traces=32", "eval.num_problems=32"])
-    model, tok = load_model(recipe.model)
-    dev = next(model.parameters()).device
-    _, refs = validation_references(recipe, "runs/rb/traces", model, dev, [scorer_dir])
-    bank, cfg = load_scorer(scorer_dir, model)
+    probe = validation_probe(scorer_dir)
+    model, bank, cfg = probe.model, probe.bank, probe.cfg
     nl, h = model.config.num_hidden_layers, model.config.num_key_value_heads
 
     def mask(layers, heads=None):
@@ -71,10 +67,8 @@ def main(scorer_dir, out, what="layer18"):
     B = 128
     st = EvictionSettings(budget=B, interval=32)
     sums = {}
-    for members in trace_batches(refs, 48, False):
-        batch = make_batch(refs, members, tok.pad_token_id)
+    for batch, fut in golden_batches(probe, st):
         lengths = batch["lengths"]
-        fut = stack_padded(block_pooled_attention(model, batch["ids"], st, "mean", lengths=lengths).futures(), (1, 3))
 
         def scorer():
             return policy_from_checkpoint(bank, cfg)
