@@ -1,6 +1,5 @@
 """The statistics a bounded cache accumulates (foresight.engine.cache.attention_stats): equal to dense attention, deferred
-decoding
-statistics equal to chunked ones, fast paths equal to the fully masked ones, only what a policy declares."""
+decoding statistics equal to chunked ones, fast paths equal to the fully masked ones, only what a policy declares."""
 
 import pytest
 import torch

@@ -1,8 +1,7 @@
 """The host's plan of one forward chunk of a :class:`~foresight.engine.cache.bounded.BoundedCache`: how many tokens the
-drivers may
-feed next (:func:`next_chunk`), and, before a chunk's keys arrive (:func:`plan`), what must happen first — the deferred
-decoding statistics, the eviction that makes room, growth, the block reset before the first eviction — and the chunk's
-token indices, validity and each row's first real token (sinks are counted from it).
+drivers may feed next (:func:`next_chunk`), and, before a chunk's keys arrive (:func:`plan`), what must happen first —
+the deferred decoding statistics, the eviction that makes room, growth, the block reset before the first eviction — and
+the chunk's token indices, validity and each row's first real token (sinks are counted from it).
 
 Chunks end exactly at eviction points and block starts, so the statistics an eviction reads cover whole chunks.
 """

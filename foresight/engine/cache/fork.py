@@ -1,13 +1,12 @@
 """Forking a bounded cache at its first eviction point: one prefix pass serves every policy of the same layout.
 
-Until its first eviction (``B + L`` tokens, plus a protected prompt) a :class:`~foresight.engine.cache.bounded.BoundedCache`
-holds the
-same pairs whatever its policy: a policy only changes which statistics are accumulated beside them, and whether the
-attention runs fused (no statistic needs the probabilities) or from explicit probabilities (some do) — the two give
-outputs that differ by float rounding. So an evaluation of many methods at one budget, or GRPO's G trajectories of one
-trace, can run that prefix once per attention path and hand each policy a copy (:func:`fork`) that continues from it;
-the copy's results equal a rollout from token 0 bit for bit (tested), as long as its attention path is the prefix's.
-"""
+Until its first eviction (``B + L`` tokens, plus a protected prompt) a
+:class:`~foresight.engine.cache.bounded.BoundedCache` holds the same pairs whatever its policy: a policy only changes
+which statistics are accumulated beside them, and whether the attention runs fused (no statistic needs the
+probabilities) or from explicit probabilities (some do) — the two give outputs that differ by float rounding. So an
+evaluation of many methods at one budget, or GRPO's G trajectories of one trace, can run that prefix once per attention
+path and hand each policy a copy (:func:`fork`) that continues from it; the copy's results equal a rollout from token 0
+bit for bit (tested), as long as its attention path is the prefix's."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """The statistics recomputed at an eviction from a :class:`~foresight.engine.cache.attention_stats.SlotStatistics`' kept
-queries (its
-newest ``features.QUERY_WINDOW``): the window sums (``w1``…``w32``), Scissorhands' ``pivot32`` counts and the
-``ahead`` sums of the same queries moved Δ positions on (:mod:`foresight.engine.cache.rope_shift`). ``st`` is the SlotStatistics:
-its ``recent_q`` / ``recent_token`` / ``recent_valid`` (the kept queries), ``newest_kept``, ``shifts`` and the cache
-of Scissorhands' thresholds (``shares``).
-"""
+queries (its newest ``features.QUERY_WINDOW``): the window sums (``w1``…``w32``), Scissorhands' ``pivot32`` counts and
+the ``ahead`` sums of the same queries moved Δ positions on (:mod:`foresight.engine.cache.rope_shift`). ``st`` is the
+SlotStatistics: its ``recent_q`` / ``recent_token`` / ``recent_valid`` (the kept queries), ``newest_kept``, ``shifts``
+and the cache of Scissorhands' thresholds (``shares``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The per-layer facade a :class:`~foresight.engine.cache.bounded.BoundedCache` shows transformers: its generic code
-(``is_sliding``,
-``get_seq_length``, per-layer ``update``) sees a normal cache layer, while the storage lives in the parent cache."""
+(``is_sliding``, ``get_seq_length``, per-layer ``update``) sees a normal cache layer, while the storage lives in the
+parent cache."""
 
 from __future__ import annotations
 

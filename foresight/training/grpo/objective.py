@@ -1,7 +1,6 @@
 """GRPO's objective (:mod:`foresight.training.grpo.stage` describes it in full): the trajectory reward under the recipe's
-settings,
-the group-normalised advantage, the clipped surrogate with a k3 KL to the SFT scorers, and the log-probability of a
-drawn eviction action (the set's, or each ordered draw's) on the behaviour policy's Top-2L window."""
+settings, the group-normalised advantage, the clipped surrogate with a k3 KL to the SFT scorers, and the log-probability
+of a drawn eviction action (the set's, or each ordered draw's) on the behaviour policy's Top-2L window."""
 
 from __future__ import annotations
 
