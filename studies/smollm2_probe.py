@@ -25,11 +25,6 @@ class Probe:
     bank: object
     cfg: dict
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        """(layers, KV heads) of the model."""
-        return self.model.config.num_hidden_layers, self.model.config.num_key_value_heads
-
 
 def validation_probe(scorer_dir, traces=TRACES) -> Probe:
     """The model, its validation traces as references (refusing a scorer trained on them) and the scorer."""
