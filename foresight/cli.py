@@ -6,6 +6,7 @@
     foresight eval   --recipe recipes/tiny-qwen3.yaml --methods full,h2o --budgets 256:64 --out runs/eval
     foresight compare runs/eval-sft runs/eval-grpo     # paired bootstrap: is the candidate better on the same traces?
     foresight heads  --recipe R --traces runs/traces --scorers runs/sft --out runs/heads  # KV heads to keep whole
+    foresight export-model --recipe recipes/smollm2-135m.yaml --out runs/smollm2   # a folder vllm serve can load
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("traces", help="generate, filter and score reasoning traces")
+    _common(p)
+
+    p = sub.add_parser("export-model", help="write the recipe's model as a plain transformers folder (safetensors, "
+                                            "tokenizer, chat template) for vLLM, SGLang or transformers serve")
     _common(p)
 
     p = sub.add_parser("show-recipe", help="print the resolved recipe (after --set overrides) as YAML")
@@ -123,6 +128,11 @@ def main(argv: list[str] | None = None) -> int:
 
             summary = make_traces(recipe, args.out, progress=not args.no_progress)
             print(json.dumps(summary))
+            return 0
+        if args.cmd == "export-model":
+            from foresight.data.model_export import export_model
+
+            print(json.dumps(export_model(recipe, args.out)))
             return 0
         if args.cmd == "sft":  # sft.objective picks the stage: ForesightKV's golden ranking or KVpop's boundary loss
             if recipe.sft.objective == "kvpop":

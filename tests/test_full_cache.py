@@ -81,3 +81,19 @@ def test_a_replaced_batch_is_adopted_by_the_next_update(qwen3):
         b = qwen3(input_ids=nxt, position_ids=pos, cache=ref, use_cache=True).logits
     assert cache.layers[0]._k.shape[0] == 2 and cache.get_seq_length() == 12
     torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
+def test_the_cache_goes_by_the_keyword_the_models_forward_takes(qwen3):
+    from foresight.engine.cache_keyword import _cache_keyword, cache_kwargs
+
+    class Older(torch.nn.Module):  # a transformers release before the rename: past_key_values only
+        def forward(self, input_ids=None, past_key_values=None, **kwargs):
+            return past_key_values
+
+    assert _cache_keyword(Older) == "past_key_values"
+    ids = torch.tensor([[3, 9, 4, 7, 1]])
+    cache = DynamicCache(config=qwen3.config)
+    qwen3(input_ids=ids[:, :4], use_cache=True, **cache_kwargs(qwen3, cache))
+    step = qwen3(input_ids=ids[:, 4:], use_cache=True, **cache_kwargs(qwen3, cache)).logits[:, -1]
+    assert cache.get_seq_length() == 5  # the model took the cache: both calls were appended to it
+    torch.testing.assert_close(step, qwen3(input_ids=ids).logits[:, -1], rtol=1e-5, atol=1e-5)

@@ -5,9 +5,6 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -23,6 +20,7 @@ from foresight.config.recipe import load_recipe
 from foresight.engine.models import resolve_path
 from foresight.data.openai_client import ServerClient, ServerError
 from foresight.data.trace_data import load_traces
+from tests.servers import ServerProcess, free_port
 
 pytestmark = pytest.mark.slow  # a real server process per test
 
@@ -32,40 +30,13 @@ TEACHER = resolve_path("builtin:tiny-qwen3")[0]
 QUIET = dict(progress=False, log=lambda *_: None)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """``transformers serve`` in a subprocess; its log (stderr and stdout) goes to a file."""
-
-    def __init__(self, port: int, log: Path):
-        self.port, self.log, self.proc = port, log, None
-        self.url = f"http://127.0.0.1:{port}/v1"
-
-    def start(self):
-        exe = Path(sys.executable).with_name("transformers")
-        cmd = [str(exe) if exe.exists() else shutil.which("transformers"), "serve", TEACHER, "--host", "127.0.0.1",
-               "--port", str(self.port), "--device", "cpu", "--dtype", "float32", "--continuous-batching",
-               "--cb-num-blocks", "512", "--log-level", "info"]  # 16k cached tokens, not 80% of RAM
-        env = dict(os.environ, PYTHONUNBUFFERED="1")  # the log's lines in the order they happened
-        self.proc = subprocess.Popen(cmd, stdout=self.log.open("a"), stderr=subprocess.STDOUT, env=env)
-        deadline = time.time() + 90
-        while time.time() < deadline:
-            assert self.proc.poll() is None, self.log.read_text()[-2000:]
-            try:
-                urllib.request.urlopen(self.url + "/models", timeout=2).read()
-                return self
-            except OSError:
-                time.sleep(0.3)
-        raise AssertionError("transformers serve did not start: " + self.log.read_text()[-2000:])
-
-    def kill(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
+def Server(port: int, log: Path) -> ServerProcess:
+    """``transformers serve`` serving the embedded teacher in float32 (16k cached tokens, not 80% of RAM)."""
+    exe = Path(sys.executable).with_name("transformers")
+    cmd = [str(exe) if exe.exists() else shutil.which("transformers"), "serve", TEACHER, "--host", "127.0.0.1",
+           "--port", str(port), "--device", "cpu", "--dtype", "float32", "--continuous-batching",
+           "--cb-num-blocks", "512", "--log-level", "info"]
+    return ServerProcess(cmd, port, log)
 
 
 @pytest.fixture(scope="module")

@@ -32,6 +32,7 @@ from foresight.engine.models import resolve_path
 from foresight.data.openai_client import RejectedRequest, ServerClient, ServerError
 
 REQUEST_STYLES = ("openai", "transformers")
+EXPORT_FILE = "foresight-export.json"  # written by `foresight export-model` (foresight.data.model_export)
 
 
 def served_model_name(traces_cfg, model_cfg) -> str:
@@ -41,6 +42,29 @@ def served_model_name(traces_cfg, model_cfg) -> str:
         return traces_cfg.server_model
     path, gguf = resolve_path(model_cfg.path, model_cfg.gguf_file)
     return f"{path}:{gguf}" if gguf else path
+
+
+def source_key(model_cfg) -> dict:
+    """What identifies an exported model in a recipe's ``model`` section (``EXPORT_FILE``'s ``source``)."""
+    return {"path": model_cfg.path, "gguf_file": model_cfg.gguf_file, "revision": model_cfg.revision}
+
+
+def exported_name(entries: list[dict], model_cfg, log) -> str | None:
+    """The served model that ``foresight export-model`` wrote from the recipe's model (``model_cfg``), found by the
+    folder the server loaded (vLLM's ``root``) when that folder is readable here; None when there is none."""
+    for m in entries:
+        meta = Path(str(m.get("root") or "")) / EXPORT_FILE
+        try:
+            info = json.loads(meta.read_text())
+        except (OSError, ValueError):
+            continue
+        if info.get("source") == source_key(model_cfg):
+            if info.get("dtype") != model_cfg.dtype:
+                log(f"[traces] the served export {m.get('root')} is {info.get('dtype')}, the recipe's model.dtype is "
+                    f"{model_cfg.dtype}: greedy traces may differ from the in-process ones")
+            log(f"[traces] serving the recipe's model: {m.get('id')!r} (exported to {m.get('root')})")
+            return m.get("id")
+    return None
 
 
 def prompt_seed(traces_cfg, index: int) -> int:
@@ -58,7 +82,7 @@ class RemoteGenerator:
         key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
         if cfg.api_key_env and not key:
             raise ServerError(f"traces.api_key_env names ${cfg.api_key_env}, which is not set")
-        self.cfg, self.tok, self.folder, self.log = cfg, tokenizer, Path(folder), log
+        self.cfg, self.model_cfg, self.tok, self.folder, self.log = cfg, model_cfg, tokenizer, Path(folder), log
         self.client = ServerClient(cfg.base_url, key, timeout=cfg.request_timeout, max_retries=cfg.max_retries)
         self.model_name = served_model_name(cfg, model_cfg)
         self.style: str | None = None
@@ -70,7 +94,10 @@ class RemoteGenerator:
     # ---- set-up: the server, the model, the request style ----------------------------------------------------------
     def connect(self, first_prompt_ids: list[int]) -> None:
         """Check that the server answers and serves the model; find its request style with a one-token probe."""
-        served = self.client.models()
+        entries = self.client.model_entries()
+        served = None if entries is None else [m.get("id") for m in entries]
+        if served is not None and self.model_name not in served and not self.cfg.server_model:
+            self.model_name = exported_name(entries, self.model_cfg, self.log) or self.model_name
         if served is not None and self.model_name not in served:
             raise ServerError(f"the server at {self.client.base_url} does not serve {self.model_name!r}; it serves: "
                               f"{', '.join(map(repr, served)) or 'nothing'} (set traces.server_model to one of them)")

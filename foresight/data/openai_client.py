@@ -39,13 +39,18 @@ class ServerClient:
 
     def models(self) -> list[str] | None:
         """The model names the server serves (``GET /models``), or None when it has no such endpoint."""
+        entries = self.model_entries()
+        return None if entries is None else [m.get("id") for m in entries]
+
+    def model_entries(self) -> list[dict] | None:
+        """``GET /models``'s entries (vLLM's carry ``root``, the folder it loaded), or None without that endpoint."""
         try:
             data = self._call("GET", "/models")
         except RejectedRequest as e:
             if e.status == 404:
                 return None
             raise
-        return [m.get("id") for m in data.get("data", []) if isinstance(m, dict)]
+        return [m for m in data.get("data", []) if isinstance(m, dict)]
 
     def complete(self, body: dict) -> dict:
         """``POST /completions`` with ``body``; -> the response's JSON."""

@@ -18,6 +18,7 @@ from foresight.engine.cache.full import PreallocatedCache
 from foresight.engine.recorded import capture_for, model_step
 from foresight.engine.rollout import Chunking, forward_chunks, make_cache
 from foresight.engine.static_step import StaticDecoder
+from foresight.engine.cache_keyword import cache_kwargs
 
 
 EOS_CHECK_EVERY = 16  # tokens between checks that every row has stopped, on an accelerator
@@ -192,8 +193,8 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
             else:
                 full_mask = torch.cat([full_mask, torch.ones(b, 1, dtype=full_mask.dtype, device=dev)], 1)
                 kw = {"attention_mask": full_mask}
-            logits = model(input_ids=tok[:, None], position_ids=next_pos[:, None], cache=cache, use_cache=True,
-                           **kw).logits[:, -1]
+            logits = model(input_ids=tok[:, None], position_ids=next_pos[:, None], use_cache=True,
+                           **cache_kwargs(model, cache), **kw).logits[:, -1]
         next_pos = next_pos + 1
     new_t = torch.stack(new, 1) if new else torch.zeros(b, 0, dtype=input_ids.dtype, device=dev)
     lp_t = torch.stack(lps, 1) if lps else torch.zeros(b, 0, device=dev)

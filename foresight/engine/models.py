@@ -97,3 +97,4 @@ def portable_path(path) -> str:
         return str(Path(s).resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
         return Path(s).name
+

@@ -23,6 +23,7 @@ from collections.abc import Callable
 import torch
 
 from foresight.engine import features
+from foresight.engine.cache_keyword import cache_kwargs
 
 CAPTURES = ("cuda", "fx")
 # how the drivers run a bounded cache's forwards: eager; "static" decoding steps (foresight.engine.static_step) run eagerly;
@@ -160,7 +161,7 @@ class RecordedChunks:
             c.finish_prepared()
 
     def _model(self, ids, pos, kw) -> torch.Tensor:
-        return self.model(input_ids=ids, position_ids=pos, cache=self.cache, use_cache=True, **kw).logits
+        return self.model(input_ids=ids, position_ids=pos, use_cache=True, **cache_kwargs(self.model, self.cache), **kw).logits
 
     def _buffers_for(self, input_ids: torch.Tensor, kw: dict) -> tuple:
         b, q = input_ids.shape

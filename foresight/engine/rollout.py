@@ -23,6 +23,7 @@ from foresight.engine.cache.bounded import BoundedCache
 from foresight.engine.cache.fork import PrefixPolicy, fork
 from foresight.config.eviction import EvictionSettings
 from foresight.engine.recorded import RecordedChunks, capture_for, model_step
+from foresight.engine.cache_keyword import cache_kwargs
 
 # the full cache's chunks hold at most this many logits (b x tokens x vocabulary; 512 MB in fp32): 48 SmolLM2 rows of
 # 1,024 tokens at once were [48, 1024, 49152] in bf16, then twice that in fp32 for the loss and entropy (OOM at 24 GB)
@@ -112,8 +113,8 @@ def forward_chunks(model, cache, input_ids: torch.Tensor, mask: torch.Tensor, ho
         if recorded is not None:
             logits = recorded.forward(input_ids[:, s:s + q], positions[:, s:s + q], {**kw, **extra})
         else:
-            logits = model(input_ids=input_ids[:, s:s + q], position_ids=positions[:, s:s + q], cache=cache,
-                           use_cache=True, **kw, **extra).logits
+            logits = model(input_ids=input_ids[:, s:s + q], position_ids=positions[:, s:s + q],
+                           use_cache=True, **cache_kwargs(model, cache), **kw, **extra).logits
         yield s, s + q, logits
         s += q
 

@@ -28,6 +28,7 @@ import torch
 
 from foresight.engine.recorded import CAPTURES, Recording, cache_storage, on_side_stream
 from foresight.engine.cache.slot_attention import ChunkMasks
+from foresight.engine.cache_keyword import cache_kwargs
 
 SYNC_OPS = ("_local_scalar_dense", "item", "nonzero", "is_nonzero", "equal")  # aten ops that wait for the device
 
@@ -137,7 +138,8 @@ class StaticDecoder:
         cache = self.cache
         cache.static = self.step_impl
         try:
-            return self.model(input_ids=ids, position_ids=pos, cache=cache, use_cache=True, **self._kw).logits[:, -1]
+            return self.model(input_ids=ids, position_ids=pos, use_cache=True, **cache_kwargs(self.model, cache),
+                              **self._kw).logits[:, -1]
         finally:
             cache.static = None
 

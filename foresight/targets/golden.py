@@ -39,6 +39,7 @@ from foresight.config.eviction import EvictionSettings
 from foresight.targets.golden_loss import loss_pooled_cost
 from foresight.policies.base import Policy
 from foresight.engine.attention_shape import AttentionShape
+from foresight.engine.cache_keyword import cache_kwargs
 
 
 PROBS_LIMIT = 2**28  # values of a chunk's explicit attention scores ([rows, query heads, queries, keys], fp32)
@@ -84,7 +85,7 @@ def block_pooled_attention(model, input_ids: torch.Tensor, settings: EvictionSet
         while s < S:  # chunks never straddle the first block's start; from there they cover whole blocks
             q = min(start - s if s < start else most, most, S - s)
             pooler.pos = s
-            model(input_ids=input_ids[:, s:s + q], cache=cache, use_cache=True)
+            model(input_ids=input_ids[:, s:s + q], use_cache=True, **cache_kwargs(model, cache))
             s += q
     return pooler
 
