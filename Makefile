@@ -7,7 +7,7 @@ OUT     ?= runs/$(notdir $(basename $(RECIPE)))
 SET     ?=
 STAMP   := $(VENV)/.installed
 
-.PHONY: install test test-fast test-kvpress test-vllm export-model demo teacher traces sft grpo kvpop eval bench bench-gpu faults lint clean figures realbench
+.PHONY: install test test-fast test-kvpress test-vllm bench-traces scaling demo teacher traces sft grpo kvpop eval bench bench-gpu faults lint clean figures realbench
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -60,6 +60,10 @@ $(VENV_VLLM)/.installed: pyproject.toml
 test-vllm: $(VENV_VLLM)/.installed
 	$(VENV_VLLM)/bin/python -m pytest tests/vllm
 
+# the data stage's rate in-process vs through a real vLLM server on this machine (docs/results/smollm2-135m/vllm-traces)
+bench-traces: $(VENV_VLLM)/.installed
+	$(VENV_VLLM)/bin/python -m benchmarks.traces_engines --out runs/bench-traces --report docs/results/smollm2-135m/vllm-traces
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
@@ -104,6 +108,12 @@ demo: $(STAMP)
 REALBENCH_OUT ?= runs/realbench
 realbench: $(STAMP)
 	$(BIN)/python -m studies.realbench.run --out $(REALBENCH_OUT) --report docs/results/smollm2-135m $(REALBENCH_SET) $(SET)
+
+# how far data takes the scorer (docs/results/smollm2-135m/data-scaling): SFT on 66 to 1,056 SmolLM2 traces of one
+# folder, every size on the same held-out references; resumable stage by stage (SCALING_SET: e.g. --stages traces)
+SCALING_OUT ?= runs/scaling
+scaling: $(STAMP)
+	$(BIN)/python -m studies.data_scaling --out $(SCALING_OUT) --report docs/results/smollm2-135m/data-scaling $(SCALING_SET) $(SET)
 
 # the README's headline figure (docs/demo.png, its summary in docs/demo.txt) and every figure in EVAL_DIR, redrawn
 # from EVAL_DIR/results.json and meta.json (no model run)

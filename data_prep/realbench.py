@@ -4,11 +4,16 @@ answer, and open-ended long-form writing prompts, in two splits that are disjoin
 Each split draws from its own pools (people's names, items, writing subjects and settings are split in two by a
 seeded shuffle before any prompt is made), so no held-out prompt shares a name, an item or a subject with a
 training prompt; the numbers come from a generator seeded per split. The file lists the training rows first and
-the held-out rows after them, which is how the recipe reads it: ``traces.num_prompts`` training rows, then
-``eval.num_problems`` held-out rows. The shipped file holds 384 held-out rows (the recipe evaluates on the first 48;
-``--set eval.num_problems=192`` separates methods whose 48-trace intervals touch); a generator seeded per split makes
-every row independent of how many follow, so a larger held-out split keeps the earlier rows and their cached
-references.
+the held-out rows after them, then a second block of training rows (``--more``): the recipe reads its
+``traces.num_prompts`` training rows in file order, skipping the held-out block, and ``eval.num_problems`` held-out
+rows. The shipped file holds 384 held-out rows (the recipe evaluates on the first 48; ``--set eval.num_problems=192``
+separates methods whose 48-trace intervals touch); a generator seeded per block makes every row independent of how
+many follow, so a larger split keeps the earlier rows and their cached references, and the held-out rows keep their
+places whatever the number of training rows.
+
+The second training block draws from the training side of every pool plus pools of its own (``MORE_*``: more
+subjects, topics, names and items, never in a held-out row), so that a scorer can be trained on many more traces
+(``traces.num_prompts`` up to 264 + ``--more``) without a single held-out name or topic.
 
     python -m data_prep.realbench --out data_prep/prompts/realbench.jsonl   # the shipped file (deterministic)
 """
@@ -59,6 +64,26 @@ FORMS = [("Write a very long, detailed story in {n} chapters about {s}. Give eve
          ("Write a long lecture for beginners about {e}, in {n} parts. Explain every part slowly, with examples and "
           "questions for the listeners.")]
 
+# training-only pools of the second training block (none of these strings is in a pool above)
+MORE_NAMES = ["Aiko", "Bjorn", "Celia", "Dario", "Emeka", "Freya", "Goran", "Hana", "Ivo", "Jada", "Kofi", "Lena",
+              "Milo", "Nadia", "Oren", "Priya", "Rafael", "Sana", "Tomas", "Ulla"]
+MORE_ITEMS = ["crayons", "walnuts", "balloons", "magnets", "spoons", "lemons", "tiles", "feathers", "pebbles", "socks",
+              "chestnuts", "keys"]
+MORE_SUBJECTS = ["a lighthouse on a frozen lake", "a tailor who sews maps into coats", "a circus that lost its tent",
+                 "an inventor who builds a talking kettle", "a postman delivering letters to the past",
+                 "a gardener who grows glass flowers", "a choir of street musicians", "a beekeeper and a bear",
+                 "a radio station at the end of the world", "a chef who cannot taste", "a bridge that sings at night",
+                 "a cartographer lost in her own map", "a fisherman who catches a star", "a hotel for retired robots",
+                 "a desert caravan and a broken compass", "a museum guard who talks to statues",
+                 "a violin maker's apprentice", "a tower of books in a flood", "an island that drifts every winter",
+                 "a carpenter building a house for owls"]
+MORE_ESSAYS = ["how a sailing boat is steered against the wind", "how glass is made", "how coffee is grown and roasted",
+               "how a library is organised", "how a bicycle works, part by part", "how to keep chickens",
+               "how tides are caused by the Moon", "how paper money is printed and protected",
+               "how a lighthouse guides ships", "how clocks keep time", "how to cook for a large family",
+               "how earthquakes are measured", "how a football club is run", "how wool becomes a sweater",
+               "how satellites stay in orbit", "how to build a small garden pond"]
+
 
 def _split(pool: list, rng: random.Random) -> tuple[list, list]:
     p = list(pool)
@@ -89,14 +114,16 @@ def writing_prompt(rng: random.Random, subjects: list[str], essays: list[str]) -
     return form.format(n=rng.randint(5, 12), s=rng.choice(subjects), e=rng.choice(essays))
 
 
-def make_prompts(n_train: int, n_heldout: int, seed: int = 0) -> list[dict]:
-    """``n_train`` training rows then ``n_heldout`` held-out rows, half math and half writing in each split, all
-    distinct; the splits share no name, item, subject or essay topic."""
+def make_prompts(n_train: int, n_heldout: int, seed: int = 0, more: int = 0) -> list[dict]:
+    """``n_train`` training rows, ``n_heldout`` held-out rows, then ``more`` training rows, half math and half writing
+    in each block, all distinct; the held-out rows share no name, item, subject or essay topic with any training row."""
     rng = random.Random(seed)
     pools = {k: _split(v, rng) for k, v in (("names", NAMES), ("items", ITEMS), ("subjects", SUBJECTS),
                                             ("essays", ESSAYS))}
+    extra = {"names": MORE_NAMES, "items": MORE_ITEMS, "subjects": MORE_SUBJECTS, "essays": MORE_ESSAYS}
+    pools = {k: (*v, v[0] + extra[k]) for k, v in pools.items()}  # side 2: the training side and its own pools
     rows, seen = [], set()
-    for split, n, side in (("train", n_train, 0), ("heldout", n_heldout, 1)):
+    for split, n, side in (("train", n_train, 0), ("heldout", n_heldout, 1), ("train", more, 2)):
         srng = random.Random(seed * 1_000_003 + side + 1)
         made = 0
         while made < n:
@@ -117,11 +144,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=Path("data_prep/prompts/realbench.jsonl"))
     ap.add_argument("--train", type=int, default=264)
     ap.add_argument("--heldout", type=int, default=384)
+    ap.add_argument("--more", type=int, default=1056, help="training rows after the held-out ones")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
-    rows = make_prompts(a.train, a.heldout, a.seed)
+    rows = make_prompts(a.train, a.heldout, a.seed, a.more)
     a.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    print(f"{len(rows)} prompts ({a.train} training, {a.heldout} held-out) -> {a.out}")
+    print(f"{len(rows)} prompts ({a.train} + {a.more} training, {a.heldout} held-out) -> {a.out}")
     return 0
 
 

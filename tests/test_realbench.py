@@ -15,15 +15,21 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_prompts_are_distinct_and_the_splits_share_nothing():
-    rows = rb_prompts.make_prompts(264, 384)
+    rows = rb_prompts.make_prompts(264, 384, more=1056)
     texts = [r["prompt"] for r in rows]
-    assert len(set(texts)) == len(texts) == 648
-    assert [r["split"] for r in rows] == ["train"] * 264 + ["heldout"] * 384  # training rows first
-    assert {r["kind"] for r in rows[:264]} == {r["kind"] for r in rows[264:]} == {"math", "writing"}
+    assert len(set(texts)) == len(texts) == 1704
+    # training rows, the held-out block, then the second training block
+    assert [r["split"] for r in rows] == ["train"] * 264 + ["heldout"] * 384 + ["train"] * 1056
+    assert {r["kind"] for r in rows[:264]} == {r["kind"] for r in rows[264:648]} == {r["kind"] for r in rows[648:]}
+    assert rows[:648] == rb_prompts.make_prompts(264, 384)  # the second block moves nothing before it
     train = " ".join(t for t, r in zip(texts, rows) if r["split"] == "train")
     held = " ".join(t for t, r in zip(texts, rows) if r["split"] == "heldout")
-    for pool in (rb_prompts.NAMES, rb_prompts.SUBJECTS, rb_prompts.ESSAYS):
+    more = " ".join(texts[648:])
+    for pool in (rb_prompts.NAMES, rb_prompts.ITEMS, rb_prompts.SUBJECTS, rb_prompts.ESSAYS, rb_prompts.MORE_NAMES,
+                 rb_prompts.MORE_ITEMS, rb_prompts.MORE_SUBJECTS, rb_prompts.MORE_ESSAYS):
         assert not [w for w in pool if f" {w}" in train and f" {w}" in held]  # no name or topic in both splits
+    for pool in (rb_prompts.MORE_NAMES, rb_prompts.MORE_SUBJECTS, rb_prompts.MORE_ESSAYS):
+        assert [w for w in pool if f" {w}" in more]  # the second block uses its own pools
     for r in rows:
         if r["kind"] == "math":  # the stated answer follows from the numbers
             each, kept = map(int, r["answer"].split(", "))
@@ -45,11 +51,26 @@ def test_a_recipe_reading_heldout_rows_as_training_rows_is_refused():
     from foresight.data import prompts
 
     recipe = load_recipe(ROOT / "recipes/smollm2-135m-realbench.yaml", ["traces.num_prompts=300"])
-    with pytest.raises(ValueError, match=r"row 264 is a 'heldout' prompt.*traces.num_prompts.*264"):
+    with pytest.raises(ValueError, match=r"row 264 is a 'heldout' prompt, read as 'train'"):
         prompts.load_prompts(recipe.task, recipe.traces, 256, 16, split="train")
     with pytest.raises(ValueError, match="row 263 is a 'train' prompt"):
         prompts.load_prompts(recipe.task, recipe.traces, 263, 4, split="heldout")
     assert len(prompts.load_prompts(recipe.task, recipe.traces, 264, 64, split="heldout")) == 64
+    with pytest.raises(ValueError, match="row 648 is a 'train' prompt"):  # more held-out rows than the file has
+        prompts.heldout_prompts(recipe.task, recipe.traces, 385)
+
+
+def test_training_prompts_past_the_first_block_skip_the_heldout_rows():
+    from foresight.data import prompts
+
+    traces_cfg = load_recipe(ROOT / "recipes/smollm2-135m-realbench.yaml").traces
+    assert prompts.training_rows(traces_cfg, 0, 264) == list(range(264))
+    assert prompts.training_rows(traces_cfg, 256, 16) == list(range(256, 264)) + list(range(648, 656))
+    with pytest.raises(ValueError, match="has 1320 training rows; traces.num_prompts asks for 1321"):
+        prompts.training_rows(traces_cfg, 1300, 21)
+    task = load_recipe(ROOT / "recipes/smollm2-135m-realbench.yaml").task
+    read = prompts.load_rows(task, traces_cfg, prompts.training_rows(traces_cfg, 262, 4), split="train")
+    assert [p.index for p in read] == [262, 263, 648, 649]
 
 
 def test_heldout_rows_do_not_move_with_the_number_of_training_prompts(tmp_path):

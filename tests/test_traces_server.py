@@ -20,7 +20,7 @@ from foresight.config.recipe import load_recipe
 from foresight.engine.models import resolve_path
 from foresight.data.openai_client import ServerClient, ServerError
 from foresight.data.trace_data import load_traces
-from tests.servers import ServerProcess, free_port
+from benchmarks.servers import ServerProcess, free_port
 
 pytestmark = pytest.mark.slow  # a real server process per test
 

