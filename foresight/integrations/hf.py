@@ -10,7 +10,9 @@ evicts deterministically (top-L) unless ``selection="sample"`` asks for the pape
 Works for any model whose attention goes through transformers' cache and attention registries (Qwen3,
 Qwen2, Llama, ...). Note: transformers' ``generate`` prefills the whole prompt in one forward pass, so a
 prompt longer than the budget is held in full until the first decoding step evicts it down to B; use
-:func:`foresight.engine.generate.generate` for chunked prefill with bounded peak memory.
+:func:`foresight.engine.generate.generate` for chunked prefill with bounded peak memory. transformers releases
+from before the ``cache`` keyword take ``past_key_values=cache`` instead (they refuse ``cache=`` as an unused
+model keyword).
 """
 
 from __future__ import annotations
