@@ -98,9 +98,9 @@ def make_traces(recipe, out: Path, progress: bool = True, log=print) -> dict:
         log(f"[traces] resuming: {len(mine) - len(todo)} of {len(mine)} batches already done")
     from tqdm import tqdm
 
-    size = traces_cfg.batch_size
-    batches = {bi: prompts.load_rows(recipe.task, traces_cfg, prompts.training_rows(
-        traces_cfg, bi * size, min(size, traces_cfg.num_prompts - bi * size)), tok, split="train") for bi in todo}
+    size, train_rows = traces_cfg.batch_size, prompts.training_rows(traces_cfg, 0, traces_cfg.num_prompts)
+    batches = {bi: prompts.load_rows(recipe.task, traces_cfg, train_rows[bi * size:(bi + 1) * size], tok, split="train")
+               for bi in todo}
     remote = None
     if traces_cfg.engine == "openai":
         remote = RemoteGenerator(traces_cfg, recipe.model, tok, out / "completions", log=log)
