@@ -37,11 +37,6 @@ class ServerClient:
         self.base_url = url if url.endswith("/v1") else url + "/v1"
         self.api_key, self.timeout, self.max_retries, self.backoff, self.sleep = api_key, timeout, max_retries, backoff, sleep
 
-    def models(self) -> list[str] | None:
-        """The model names the server serves (``GET /models``), or None when it has no such endpoint."""
-        entries = self.model_entries()
-        return None if entries is None else [m.get("id") for m in entries]
-
     def model_entries(self) -> list[dict] | None:
         """``GET /models``'s entries (vLLM's carry ``root``, the folder it loaded), or None without that endpoint."""
         try:
