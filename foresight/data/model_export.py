@@ -25,12 +25,12 @@ import torch
 
 from foresight.runtime import atomic
 from foresight.data.completions import EXPORT_FILE, source_key
-from foresight.engine.models import DTYPES, resolve_path
+from foresight.engine.models import DTYPES, pretrained_source
 
 def is_hub_model(model_cfg) -> bool:
     """A hub name (``org/model``) that is not a local folder: a serving engine loads it itself."""
-    path, gguf = resolve_path(model_cfg.path, model_cfg.gguf_file)
-    return gguf is None and not Path(path).exists() and "/" in path and not path.startswith((".", "/"))
+    path, kw = pretrained_source(model_cfg)
+    return "gguf_file" not in kw and not Path(path).exists()
 
 
 def export_model(recipe, out: Path, log=print) -> dict:
@@ -73,10 +73,7 @@ def serve_command(path: str, dtype: str) -> str:
 def _write(model_cfg, folder: Path) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path, gguf = resolve_path(model_cfg.path, model_cfg.gguf_file)
-    kw = {"revision": model_cfg.revision} if model_cfg.revision else {}
-    if gguf:
-        kw["gguf_file"] = gguf
+    path, kw = pretrained_source(model_cfg)
     dtype = DTYPES[model_cfg.dtype]
     try:
         tok = AutoTokenizer.from_pretrained(path, **kw)

@@ -43,6 +43,18 @@ def resolve_path(path: str, gguf_file: str | None = None) -> tuple[str, str | No
     return path, gguf_file
 
 
+def pretrained_source(cfg) -> tuple[str, dict]:
+    """What ``from_pretrained`` loads a :class:`~foresight.config.recipe.ModelConfig` from: (a folder or hub name, its
+    keywords: ``revision``, ``gguf_file``); a local path that does not exist is an error."""
+    path, gguf = resolve_path(cfg.path, cfg.gguf_file)
+    if not Path(path).exists() and ("/" not in path or path.startswith((".", "/"))):
+        raise FileNotFoundError(f"model path {cfg.path!r} does not exist (and is not a hub name like org/model)")
+    kw = {"revision": cfg.revision} if cfg.revision else {}
+    if gguf:
+        kw["gguf_file"] = gguf
+    return path, kw
+
+
 def load_model(cfg, device: str | None = None):
     """-> (model, tokenizer) for a :class:`~foresight.config.recipe.ModelConfig`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -51,13 +63,7 @@ def load_model(cfg, device: str | None = None):
         raise ValueError(f"model.dtype must be one of {', '.join(DTYPES)}, got {cfg.dtype!r}")
     if cfg.step not in STEPS:
         raise ValueError(f"model.step must be one of {', '.join(STEPS)}, got {cfg.step!r}")
-    path, gguf = resolve_path(cfg.path, cfg.gguf_file)
-    local = Path(path).exists()
-    if not local and ("/" not in path or path.startswith((".", "/"))):
-        raise FileNotFoundError(f"model path {cfg.path!r} does not exist (and is not a hub name like org/model)")
-    kw = {"revision": cfg.revision} if cfg.revision else {}
-    if gguf:
-        kw["gguf_file"] = gguf
+    path, kw = pretrained_source(cfg)
     try:
         tok = AutoTokenizer.from_pretrained(path, **kw)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[cfg.dtype], **kw)
