@@ -1,5 +1,5 @@
-"""Real server processes for the tests: a free localhost port, and a command started in a process group of its own
-(a server's workers die with it), waited for until its ``/v1/models`` answers, its log kept in a file."""
+"""Real server processes for the tests and benchmarks: a free localhost port, and a command started in a process
+group of its own (a server's workers die with it), waited for until its ``/v1/models`` answers, its log in a file."""
 
 from __future__ import annotations
 
