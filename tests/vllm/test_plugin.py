@@ -1,0 +1,171 @@
+"""The vLLM plugin (``foresight.integrations.vllm``) on vLLM's CPU build, SmolLM2 exported in float32, eager: it keeps
+stock tokens when disabled or unbounded, keeps at every eviction the pairs the project's own engine keeps (the shipped
+scorer and the heuristics), treats each request of a batch as if it were alone, frees the blocks it evicted, refuses
+what it cannot run with, and fails closed on a preempted request whose cache was evicted."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from foresight.config.eviction import EvictionSettings
+from foresight.engine.generate import Decoding, generate
+from foresight.engine.models import load_model
+from foresight.engine.rollout import rollout
+from foresight.policies import make_policy
+from foresight.scorers.checkpoint import load_scorer, policy_from_checkpoint
+from tests.vllm.conftest import smollm2
+from tests.vllm.run_llm import run_llm
+
+SCORER = "scorers/smollm2-135m/sft-w256-gap"
+STOCK = {"VLLM_PLUGINS": "lora_filesystem_resolver"}  # vLLM without the foresight plugin
+TIE = 1e-5  # a differing kept set must come from scores this close to the cut: float rounding, not logic
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return load_model(smollm2().model)
+
+
+@pytest.fixture(scope="module")
+def prompts(engine):
+    """Held-out realbench prompts, chat-templated: [(token ids, length)], lengths 56 to 142."""
+    tok = engine[1]
+    rows = [json.loads(line) for line in open("data_prep/prompts/realbench.jsonl")]
+    held = [r["prompt"] for r in rows if r["split"] == "heldout"][:6]
+    return [list(tok.apply_chat_template([{"role": "user", "content": p}], tokenize=True,
+                                         add_generation_prompt=True)["input_ids"]) for p in held]
+
+
+def llm_args(model_dir, foresight=None, **changes) -> dict:
+    kw = dict(model=str(model_dir), dtype="float32", enforce_eager=True, enable_prefix_caching=False,
+              max_model_len=2048, max_num_batched_tokens=2048, enable_chunked_prefill=False, block_size=32)
+    if foresight is not None:
+        kw["additional_config"] = {"foresight": foresight}
+    kw.update(changes)
+    return kw
+
+
+def spec(model_dir, prompts, max_tokens, foresight=None, **changes) -> dict:
+    return {"llm": llm_args(model_dir, foresight, **changes), "prompts": prompts,
+            "max_tokens": max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)}
+
+
+def kept_steps(folder: Path) -> list[list[torch.Tensor]]:
+    """Per request (in submission order), its kept token indices [layers, kv_heads, n] after each eviction."""
+    reqs = sorted(folder.iterdir(), key=lambda p: int(p.name.split("-")[0]))
+    return [[torch.load(f)["kept"] for f in sorted(r.iterdir())] for r in reqs]
+
+
+def engine_steps(model, ids, policy, settings, prompt_len) -> list[dict]:
+    steps = []
+    rollout(model, torch.tensor([ids]), policy, settings, prompt_len=prompt_len, recorder=steps.append)
+    return steps
+
+
+def compare_kept(steps: list[dict], kept: list[torch.Tensor]) -> tuple[int, int, list[str]]:
+    """(equal kept sets, all kept sets, first divergences that are not near-ties): per (step, layer, KV head), the
+    engine's kept tokens (teacher-forced) against the plugin's. A head whose set differed once is compared no more
+    (its cache, and so its later statistics, differ from then on)."""
+    assert len(steps) == len(kept), f"{len(steps)} evictions in the engine, {len(kept)} in vLLM"
+    equal = total = 0
+    gone, bad = set(), []
+    for s, (step, plug) in enumerate(zip(steps, kept)):
+        tok = step["token"][:, 0]
+        drop = torch.zeros_like(tok, dtype=torch.bool).scatter_(-1, step["chosen"][:, 0], True)
+        mine = torch.sort(tok.masked_fill(drop, -1), -1).values[..., drop.shape[-1] - plug.shape[-1]:]
+        same = (mine == torch.sort(plug, -1).values).all(-1)
+        for layer in range(same.shape[0]):
+            for head in range(same.shape[1]):
+                if (layer, head) in gone:
+                    continue
+                total += 1
+                if same[layer, head]:
+                    equal += 1
+                    continue
+                gone.add((layer, head))
+                scores, toks = step["scores"][layer, 0, head], tok[layer, head]
+                cut = scores[step["chosen"][layer, 0, head]].min()
+                swapped = set(mine[layer, head].tolist()) ^ set(plug[layer, head].tolist())
+                gaps = [abs(float(scores[toks == t][0] - cut)) for t in swapped if (toks == t).any()]
+                if not gaps or max(gaps) > TIE:
+                    bad.append(f"step {s} layer {layer} head {head}: tokens {sorted(swapped)}, score gaps {gaps}")
+    return equal, total, bad
+
+
+def first_divergence(a: list[int], b: list[int]):
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
+
+
+def test_disabled_and_unbounded_plugin_keep_stock_tokens(exported, prompts, tmp_path):
+    s = spec(exported, prompts[:3], 200)
+    stock = run_llm(tmp_path / "stock", s, env=STOCK)
+    off = run_llm(tmp_path / "off", s)
+    huge = run_llm(tmp_path / "huge", spec(exported, prompts[:3], 200, {"policy": "h2o", "budget": 1024,
+                                                                         "interval": 64}))
+    assert not stock["plugin_loaded"] and off["plugin_loaded"] and huge["plugin_loaded"]
+    assert not off["plugin_active"] and huge["plugin_active"]
+    for run in (off, huge):
+        for i, (a, b) in enumerate(zip(stock["tokens"], run["tokens"])):
+            assert a == b, f"request {i}: first differing token {first_divergence(a, b)}"
+
+
+CASES = {  # name: (plugin settings, which prompts, new tokens)
+    "scorer-64:16": ({"scorer": SCORER, "budget": 64, "interval": 16}, [1, 3, 5], 240),
+    "scorer-128:32-protected": ({"scorer": SCORER, "budget": 128, "interval": 32, "protect_prompt": True},
+                                [0, 1, 2], 320),
+    "h2o-64:16": ({"policy": "h2o", "budget": 64, "interval": 16}, [1, 3], 200),
+    "tova-64:16": ({"policy": "tova", "budget": 64, "interval": 16}, [1, 3], 200),
+    "streamingllm-64:16": ({"policy": "streamingllm", "budget": 64, "interval": 16}, [1, 3], 200),
+}
+
+
+def policy_of(cfg: dict, model):
+    if "scorer" in cfg:
+        bank, ckpt = load_scorer(cfg["scorer"], model)
+        return policy_from_checkpoint(bank, ckpt)
+    return make_policy(cfg["policy"])
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_kept_pairs_and_tokens_equal_the_engine(case, exported, prompts, engine, tmp_path):
+    cfg, which, new = CASES[case]
+    model = engine[0]
+    record = tmp_path / "record"
+    out = run_llm(tmp_path / "run", spec(exported, [prompts[i] for i in which], new, {**cfg, "record": str(record)}))
+    settings = EvictionSettings(budget=cfg["budget"], interval=cfg["interval"],
+                                sinks=4 if cfg.get("policy") == "streamingllm" else 0,
+                                protect_prompt=bool(cfg.get("protect_prompt")), prompt_overflow="evict")
+    for i, (p, kept) in enumerate(zip(which, kept_steps(record))):
+        ids, toks = prompts[p], out["tokens"][i]
+        assert len(kept) >= 5  # it really evicted, several times
+        equal, total, bad = compare_kept(engine_steps(model, ids + toks, policy_of(cfg, model), settings, len(ids)),
+                                         kept)
+        assert not bad, f"request {i}: kept sets differ beyond float rounding: {bad[:3]}"
+        assert equal >= 0.97 * total, f"request {i}: {equal} of {total} kept sets equal"
+        gen = generate(model, torch.tensor([ids]), max_new_tokens=new, policy=policy_of(cfg, model),
+                       settings=settings, decoding=Decoding()).new_tokens[0].tolist()
+        assert gen == toks, f"request {i}: greedy tokens differ from foresight.generate's at {first_divergence(gen, toks)}"
+
+
+def test_each_request_of_a_mixed_batch_equals_itself_alone_and_holds_bounded_blocks(exported, prompts, tmp_path):
+    cfg = {"scorer": SCORER, "budget": 64, "interval": 16}
+    lengths = [260, 120, 200, 90]
+    which = [prompts[i] for i in (0, 1, 3, 4)]
+    batch = run_llm(tmp_path / "batch", spec(exported, which, lengths, {**cfg, "record": str(tmp_path / "rb")}))
+    kept_batch = kept_steps(tmp_path / "rb")
+    for i, (p, n) in enumerate(zip(which, lengths)):
+        alone = run_llm(tmp_path / f"alone{i}", spec(exported, [p], n, {**cfg, "record": str(tmp_path / f"r{i}")}))
+        assert batch["tokens"][i] == alone["tokens"][0], f"request {i}: first difference at " \
+            f"{first_divergence(batch['tokens'][i], alone['tokens'][0])}"
+        kept_alone = kept_steps(tmp_path / f"r{i}")[0]
+        assert len(kept_alone) == len(kept_batch[i]) and all(torch.equal(a, b)
+                                                            for a, b in zip(kept_alone, kept_batch[i]))
+    bs = batch["block_size"]
+    for i, p in enumerate(which):
+        protected, cap = 0, 64 + 16
+        first = max(len(p), protected + cap)
+        after = [blocks for computed, blocks in batch["held"][str(i)] if computed > first]
+        assert after, f"request {i} never evicted"
+        assert max(after) <= -(-(protected + cap) // bs), f"request {i} held {max(after)} blocks of {bs}"
