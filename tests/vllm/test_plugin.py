@@ -169,3 +169,70 @@ def test_each_request_of_a_mixed_batch_equals_itself_alone_and_holds_bounded_blo
         after = [blocks for computed, blocks in batch["held"][str(i)] if computed > first]
         assert after, f"request {i} never evicted"
         assert max(after) <= -(-(protected + cap) // bs), f"request {i} held {max(after)} blocks of {bs}"
+
+
+def test_the_cpu_layout_reads_and_writes_what_vllms_own_cache_op_writes():
+    from vllm import _custom_ops as ops
+
+    from foresight.integrations.vllm.layouts import CpuLayout, slots_of
+
+    nb, h, bs, d, n = 5, 3, 32, 64, 70
+    block_ids = torch.tensor([4, 2, 3])
+    slots = slots_of(block_ids, bs, n)
+    keys, values = torch.randn(n, h, d), torch.randn(n, h, d)
+    for isa in ("vec", "vec16"):
+        cache = torch.zeros(nb, h, bs, 2 * d)
+        kc, vc = cache.view(nb, h, 2 * bs, d).chunk(2, dim=2)
+        ops.cpu_attn_reshape_and_cache(keys, values, kc, vc, slots, isa)
+        k, v = CpuLayout(bs, d).gather(cache, slots)
+        assert torch.equal(k, keys.transpose(0, 1)) and torch.equal(v, values.transpose(0, 1))
+        mine = torch.zeros_like(cache)
+        CpuLayout(bs, d).scatter(mine, slots, keys.transpose(0, 1), values.transpose(0, 1))
+        assert torch.equal(mine, cache)
+
+
+def test_settings_the_plugin_cannot_run_with_are_refused_at_start(exported, tmp_path):
+    ours = {"policy": "h2o", "budget": 64, "interval": 16}
+    bad = [llm_args(exported, ours, enable_prefix_caching=True),
+           llm_args(exported, ours, kv_cache_dtype="fp8"),
+           llm_args(exported, ours, speculative_config={"method": "ngram", "num_speculative_tokens": 2,
+                                                       "prompt_lookup_max": 3}),
+           llm_args(exported, ours, pipeline_parallel_size=2),
+           llm_args(exported, {"scorer": "scorers/tiny-qwen3/grpo"}),
+           llm_args(exported, {"policy": "no-such-policy", "budget": 64, "interval": 16})]
+    errors = run_llm(tmp_path, {"refuse": bad})["errors"]
+    named = ["prefix caching", "kv_cache_dtype=fp8", "speculative decoding", "pipeline/tensor parallelism",
+             "trained for another model", "unknown eviction policy 'no-such-policy'"]
+    for error, name in zip(errors, named):
+        assert error is not None and "foresight plugin" in error and name in error, (name, error)
+
+
+PREEMPTIONS = {  # prompts, new tokens, B, KV blocks of 32, max_model_len, what must happen
+    # the newest request is preempted before its first eviction: recomputed, it ends as it does alone
+    "before-eviction": ((1, 3, 5, 1, 3, 5, 1, 3), 150, 64, 8, 224, "length"),
+    # prompts of 56-58 tokens evicted to 31 pairs (1 block) once prefilled; the next request is admitted, both need a
+    # 2nd block, and vLLM preempts the newer one, already evicted
+    "after-eviction": ((1, 5, 1), 36, 31, 4, 96, "error"),
+}
+
+
+@pytest.mark.parametrize("case", list(PREEMPTIONS))
+def test_a_preempted_request_resumes_correctly_or_fails_closed(case, exported, prompts, tmp_path):
+    """A KV space of a few blocks forces vLLM to preempt: a request preempted before its first eviction is
+    recomputed and ends with the tokens it has alone; one preempted after it ends with finish_reason "error" (vLLM's
+    recomputation cannot restore an evicted cache), its tokens a prefix of those, and the log names the cause."""
+    which, new, budget, blocks, max_len, expected = PREEMPTIONS[case]
+    cfg = {"scorer": SCORER, "budget": budget, "interval": 16}
+    which = [prompts[i] for i in which]
+    alone = run_llm(tmp_path / "alone", spec(exported, which, new, cfg, max_model_len=max_len))
+    assert not alone["preempted"]  # room for all
+    tight = run_llm(tmp_path / "tight", spec(exported, which, new, cfg, num_gpu_blocks_override=blocks,
+                                             max_model_len=max_len))
+    assert tight["preempted"] and expected in tight["finish"], (tight["preempted"], tight["finish"])
+    log = (tmp_path / "tight" / "run.log").read_text()
+    for i, (finish, toks) in enumerate(zip(tight["finish"], tight["tokens"])):
+        if finish == "error":
+            assert i in tight["preempted"] and toks == alone["tokens"][i][:len(toks)]
+            assert "was preempted after its KV cache was evicted" in log
+        else:
+            assert finish == "length" and toks == alone["tokens"][i], f"request {i}"
