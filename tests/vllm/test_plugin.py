@@ -16,7 +16,7 @@ from foresight.engine.rollout import rollout
 from foresight.policies import make_policy
 from foresight.scorers.checkpoint import load_scorer, policy_from_checkpoint
 from tests.vllm.conftest import smollm2
-from tests.vllm.run_llm import run_llm
+from benchmarks.vllm_run import run_llm
 
 SCORER = "scorers/smollm2-135m/sft-w256-gap"
 STOCK = {"VLLM_PLUGINS": "lora_filesystem_resolver"}  # vLLM without the foresight plugin
@@ -207,28 +207,34 @@ def test_settings_the_plugin_cannot_run_with_are_refused_at_start(exported, tmp_
         assert error is not None and "foresight plugin" in error and name in error, (name, error)
 
 
-PREEMPTIONS = {  # prompts, new tokens, B, KV blocks of 32, max_model_len, what must happen
-    # the newest request is preempted before its first eviction: recomputed, it ends as it does alone
-    "before-eviction": ((1, 3, 5, 1, 3, 5, 1, 3), 150, 64, 8, 224, "length"),
+PREEMPTIONS = {  # prompts, new tokens, B, KV blocks of 32, max_model_len, reserve, what must happen
+    # reserved admission: a request starts only when its bounded cache fits: nothing is preempted
+    "reserved": ((1, 3, 5, 1, 3, 5, 1, 3), 150, 64, 8, 224, True, None),
+    # vLLM's own admission: the newest request is preempted before its first eviction and, recomputed, ends as alone
+    "before-eviction": ((1, 3, 5, 1, 3, 5, 1, 3), 150, 64, 8, 224, False, "length"),
     # prompts of 56-58 tokens evicted to 31 pairs (1 block) once prefilled; the next request is admitted, both need a
     # 2nd block, and vLLM preempts the newer one, already evicted
-    "after-eviction": ((1, 5, 1), 36, 31, 4, 96, "error"),
+    "after-eviction": ((1, 5, 1), 36, 31, 4, 96, False, "error"),
 }
 
 
 @pytest.mark.parametrize("case", list(PREEMPTIONS))
 def test_a_preempted_request_resumes_correctly_or_fails_closed(case, exported, prompts, tmp_path):
-    """A KV space of a few blocks forces vLLM to preempt: a request preempted before its first eviction is
-    recomputed and ends with the tokens it has alone; one preempted after it ends with finish_reason "error" (vLLM's
-    recomputation cannot restore an evicted cache), its tokens a prefix of those, and the log names the cause."""
-    which, new, budget, blocks, max_len, expected = PREEMPTIONS[case]
-    cfg = {"scorer": SCORER, "budget": budget, "interval": 16}
+    """A KV space of a few blocks: with the plugin's reserved admission no request is preempted; with vLLM's own, a
+    request preempted before its first eviction is recomputed and ends with the tokens it has alone, and one preempted
+    after it ends with finish_reason "error" (vLLM's recomputation cannot restore an evicted cache), its tokens a
+    prefix of those, and the log names the cause."""
+    which, new, budget, blocks, max_len, reserve, expected = PREEMPTIONS[case]
+    cfg = {"scorer": SCORER, "budget": budget, "interval": 16, "reserve": reserve}
     which = [prompts[i] for i in which]
     alone = run_llm(tmp_path / "alone", spec(exported, which, new, cfg, max_model_len=max_len))
     assert not alone["preempted"]  # room for all
     tight = run_llm(tmp_path / "tight", spec(exported, which, new, cfg, num_gpu_blocks_override=blocks,
                                              max_model_len=max_len))
-    assert tight["preempted"] and expected in tight["finish"], (tight["preempted"], tight["finish"])
+    if expected is None:
+        assert not tight["preempted"] and max(tight["running"]) == (blocks - 1) // -(-(budget + 16) // 32)
+    else:
+        assert tight["preempted"] and expected in tight["finish"], (tight["preempted"], tight["finish"])
     log = (tmp_path / "tight" / "run.log").read_text()
     for i, (finish, toks) in enumerate(zip(tight["finish"], tight["tokens"])):
         if finish == "error":

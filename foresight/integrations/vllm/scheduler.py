@@ -5,6 +5,9 @@ Installed on one vLLM ``Scheduler`` instance (:func:`install`):
 * ``kv_cache_manager.allocate_slots`` first frees the tail blocks an eviction emptied (the worker compacted the kept
   pairs into the first blocks at the end of the previous step), then allocates for the physical length. Both sides
   derive it from the same :class:`~foresight.integrations.vllm.settings.Schedule`, so no message passes between them.
+* admission (``reserve``, the default): a new request is scheduled only when the blocks its bounded cache can reach
+  are free beside those the running requests can still claim, so no request is preempted for space (vLLM's own
+  admission looks at the prompt alone and preempts when the cache runs out, which an evicted request cannot survive);
 * ``_preempt_request``: vLLM resumes a preempted request by recomputing its tokens, which cannot restore a cache that
   was evicted. Such a request is finished with an error (``finish_reason="error"``) and a log line naming the cause;
   one preempted before its first eviction resumes normally.
@@ -39,6 +42,8 @@ class SchedulerPlugin:
         if request.request_id in self.refused:
             return None
         computed = request.num_computed_tokens
+        if computed == 0 and self.settings.reserve and not self.fits(request):
+            return None  # it waits until the running requests leave room for its whole bounded cache
         dropped = self.schedule(request).dropped(computed)
         if not dropped:
             return original(request, num_new_tokens, *args, **kwargs)
@@ -49,6 +54,19 @@ class SchedulerPlugin:
             return original(request, num_new_tokens, *args, **kwargs)
         finally:
             request.num_computed_tokens = computed
+
+    def bound(self, request) -> int:
+        """Blocks the request's cache can reach (its capacity, or a longer prompt, or its whole length if shorter)."""
+        return -(-self.schedule(request).peak(getattr(request, "max_tokens", None)) // self.block_size)
+
+    def fits(self, request) -> bool:
+        """Whether the free blocks hold ``request``'s bounded cache beside what the running requests can still claim."""
+        claims = 0
+        for other in self.scheduler.running:
+            if other.request_id != request.request_id:
+                held = len(self.blocks.req_to_blocks.get(other.request_id, ()))
+                claims += max(0, self.bound(other) - held)
+        return self.kv_manager.block_pool.get_num_free_blocks() - claims >= self.bound(request)
 
     def free_tail(self, req_id: str, keep: int) -> None:
         blocks = self.blocks.req_to_blocks.get(req_id)

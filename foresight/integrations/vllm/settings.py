@@ -11,6 +11,9 @@ inert. Keys (environment: the upper-case name after ``FORESIGHT_VLLM_``):
 ``interval``         L: the cache goes from B + L back to B every L decoded tokens
 ``sinks``            first tokens never evicted (``streamingllm``: 4 unless given)
 ``protect_prompt``   keep the whole prompt besides B (a prompt longer than B is evicted as usual)
+``reserve``          admit a request only when the blocks its bounded cache can reach are free, beside what the
+                     running ones can still claim (default true: no request is ever preempted for space; false:
+                     vLLM's own optimistic admission, where a request preempted after an eviction fails)
 ``record``           a folder: each request's kept token indices per eviction, written when it finishes
 ===================  ============================================================================================
 
@@ -29,7 +32,7 @@ from foresight.config.eviction import EvictionSettings
 
 PINNED_VLLM = "0.32.0"  # the vLLM release whose internals the plugin patches (.venv-vllm's)
 ENV_PREFIX = "FORESIGHT_VLLM_"
-KEYS = ("scorer", "policy", "budget", "interval", "sinks", "protect_prompt", "record")
+KEYS = ("scorer", "policy", "budget", "interval", "sinks", "protect_prompt", "reserve", "record")
 STREAMING_SINKS = 4  # foresight eval's StreamingLLM sinks
 
 
@@ -45,6 +48,7 @@ class PluginSettings:
     policy: str | None
     eviction: EvictionSettings
     record: str | None = None
+    reserve: bool = True
 
     @property
     def label(self) -> str:
@@ -77,7 +81,7 @@ def _int(raw: dict, key: str, default):
         raise PluginConfigError(f"foresight plugin: {key} must be an integer, got {value!r}") from None
 
 
-def _flag(value) -> bool:
+def _flag(value, key: str = "protect_prompt") -> bool:
     if isinstance(value, bool):
         return value
     text = str(value).strip().lower()
@@ -85,7 +89,7 @@ def _flag(value) -> bool:
         return True
     if text in ("0", "false", "no", "off", ""):
         return False
-    raise PluginConfigError(f"foresight plugin: protect_prompt must be true or false, got {value!r}")
+    raise PluginConfigError(f"foresight plugin: {key} must be true or false, got {value!r}")
 
 
 def resolve(additional_config: dict | None = None, environ=None) -> PluginSettings | None:
@@ -120,7 +124,8 @@ def resolve(additional_config: dict | None = None, environ=None) -> PluginSettin
             make_policy(raw["policy"])
         except ValueError as e:
             raise PluginConfigError(f"foresight plugin: {e}") from None
-    return PluginSettings(raw.get("scorer"), raw.get("policy"), eviction, raw.get("record"))
+    return PluginSettings(raw.get("scorer"), raw.get("policy"), eviction, raw.get("record"),
+                          _flag(raw.get("reserve", True), "reserve"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,6 +164,11 @@ class Schedule:
     def physical(self, computed: int) -> int:
         """Slots the request occupies after ``computed`` tokens (and that step's eviction)."""
         return computed - self.dropped(computed)
+
+    def peak(self, max_new_tokens: int | None) -> int:
+        """The most pairs per head the request ever holds (a prompt longer than the capacity, until its eviction)."""
+        full = self.prompt_len + (max_new_tokens if max_new_tokens is not None else self.capacity)
+        return max(self.prompt_len, min(self.capacity, full))
 
     def evicts_after(self, computed: int) -> bool:
         """Whether the step that brings the request to ``computed`` tokens ends with an eviction."""

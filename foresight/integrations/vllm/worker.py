@@ -14,6 +14,7 @@ Installed on one runner instance (:func:`install`), it changes three things:
 from __future__ import annotations
 
 import re
+import time
 import types
 from pathlib import Path
 
@@ -60,6 +61,7 @@ class WorkerPlugin:
         self.queries: list = []
         self.step: list = []  # (request id, batch row, first token, tokens, computed before) of the step in progress
         self.active = False
+        self.stats = {"steps": 0, "seconds": 0.0, "evictions": 0, "eviction_seconds": 0.0}  # the plugin's own work
 
     # ---------------------------------------------------------------------------------------------- set-up
     def bind(self) -> None:
@@ -140,22 +142,27 @@ class WorkerPlugin:
         return out
 
     def after_forward(self) -> None:
+        start = time.perf_counter()
         queries = torch.stack(self.queries)  # [nl, T, Hq, d]
         tables = self.runner.input_batch.block_table[0]
-        for req_id, row, start, count, computed in self.step:
+        for req_id, row, begin, count, computed in self.step:
             st = self.requests[req_id]
             held = int(tables.num_blocks_per_row[row])
             block_ids = torch.from_numpy(tables.block_table.np[row, :held].astype(np.int64))
-            steps = st.steps
-            st.feed(queries[:, start:start + count].transpose(1, 2), PagedKV(self.layout, self.caches(), block_ids))
+            steps, began = st.steps, time.perf_counter()
+            st.feed(queries[:, begin:begin + count].transpose(1, 2), PagedKV(self.layout, self.caches(), block_ids))
             expected = st.schedule.physical(computed + count)
             if st.n != expected:
                 raise RuntimeError(f"foresight plugin: request {req_id} holds {st.n} pairs per head, its schedule "
                                    f"says {expected} (the scheduler and the worker disagree)")
             if st.steps != steps:
+                self.stats["evictions"] += 1
+                self.stats["eviction_seconds"] += time.perf_counter() - began
                 self.cut_blocks(req_id, row, -(-st.n // self.block_size))
                 if self.settings.record is not None:
                     self.record(req_id, st)
+        self.stats["steps"] += 1
+        self.stats["seconds"] += time.perf_counter() - start
 
     def caches(self) -> list:
         return [m.kv_cache for m in self.layers]

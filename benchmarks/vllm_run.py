@@ -1,8 +1,9 @@
-"""One offline vLLM run for the plugin's tests, in a process of its own (vLLM's engine is one per process):
-``python -m tests.vllm.run_llm SPEC OUT``. SPEC (JSON): ``llm`` (``LLM(...)`` keywords), ``prompts`` (token ids),
+"""One offline vLLM run for the plugin's tests and benchmark, in a process of its own (vLLM's engine is one per process):
+``python -m benchmarks.vllm_run SPEC OUT``. SPEC (JSON): ``llm`` (``LLM(...)`` keywords), ``prompts`` (token ids),
 ``max_tokens`` (one per prompt), ``min_tokens``; or ``refuse``: a list of ``LLM(...)`` keywords, each expected to fail.
 The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so that its scheduler can be watched: OUT (JSON)
-gets each request's tokens and finish reason, the KV blocks it held after each scheduler step, the preemptions,
+gets each request's tokens and finish reason, the KV blocks it held after each scheduler step, the requests running
+then, the preemptions, the plugin's own time,
 whether the foresight plugin was loaded and active, and the generation's seconds."""
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ import sys
 import time
 
 
-def watch(scheduler, held: dict, preempted: list) -> None:
-    """Record the blocks each running request holds after every ``schedule()``, and every preemption."""
+def watch(scheduler, held: dict, preempted: list, running: list) -> None:
+    """Record the blocks each running request holds after every ``schedule()``, how many run, and every preemption."""
     schedule, preempt = scheduler.schedule, scheduler._preempt_request
     blocks = scheduler.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
 
     def watched_schedule(*args, **kwargs):
         out = schedule(*args, **kwargs)
+        running.append(len(scheduler.running))
         for req in scheduler.running:
             held.setdefault(req.request_id, []).append([req.num_computed_tokens, len(blocks.get(req.request_id, ()))])
         return out
@@ -29,6 +31,14 @@ def watch(scheduler, held: dict, preempted: list) -> None:
         return preempt(request, *args, **kwargs)
 
     scheduler.schedule, scheduler._preempt_request = watched_schedule, watched_preempt
+
+
+def plugin_stats(llm) -> dict | None:
+    """The worker plugin's own time (steps, evictions) when the plugin ran in this process."""
+    executor = llm.llm_engine.engine_core.engine_core.model_executor
+    worker = getattr(getattr(executor, "driver_worker", None), "worker", None)
+    plugin = getattr(getattr(worker, "model_runner", None), "foresight", None)
+    return None if plugin is None else dict(plugin.stats)
 
 
 def start_error(make, kwargs: dict) -> str | None:
@@ -53,8 +63,8 @@ def main(spec_path: str, out_path: str) -> None:  # noqa: C901 - one run, read t
         return
     llm = LLM(**spec["llm"])
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
-    held, preempted = {}, []
-    watch(scheduler, held, preempted)
+    held, preempted, running = {}, [], []
+    watch(scheduler, held, preempted, running)
     params = [SamplingParams(temperature=0.0, max_tokens=m, min_tokens=spec.get("min_tokens", 0), ignore_eos=True)
               for m in spec["max_tokens"]]
     start = time.perf_counter()
@@ -66,10 +76,11 @@ def main(spec_path: str, out_path: str) -> None:  # noqa: C901 - one run, read t
     result = {"tokens": [list(o.outputs[0].token_ids) for o in outs],
               "finish": [o.outputs[0].finish_reason for o in outs],
               "held": {str(index(r)): v for r, v in held.items()},
-              "preempted": [index(r) for r in preempted],
+              "preempted": [index(r) for r in preempted], "running": running,
               "plugin_loaded": bool(getattr(Scheduler, "_foresight_patched", False)),
               "plugin_active": hasattr(scheduler, "foresight"),
-              "block_size": scheduler.cache_config.block_size, "seconds": seconds}
+              "block_size": scheduler.cache_config.block_size, "seconds": seconds,
+              "new_tokens": sum(len(o.outputs[0].token_ids) for o in outs), "plugin_stats": plugin_stats(llm)}
     with open(out_path, "w") as f:
         json.dump(result, f)
 
@@ -90,7 +101,7 @@ def run_llm(folder, spec: dict, env: dict | None = None, timeout: int = 900) -> 
     spec_path.write_text(json.dumps(spec))
     full_env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})}
     with open(log, "w") as f:
-        rc = subprocess.run([sys.executable, "-m", "tests.vllm.run_llm", str(spec_path), str(out_path)], env=full_env,
+        rc = subprocess.run([sys.executable, "-m", "benchmarks.vllm_run", str(spec_path), str(out_path)], env=full_env,
                             stdout=f, stderr=subprocess.STDOUT, timeout=timeout).returncode
     if rc != 0:
         raise RuntimeError(f"vLLM run failed (rc={rc}):\n" + log.read_text()[-3000:])
