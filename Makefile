@@ -7,7 +7,7 @@ OUT     ?= runs/$(notdir $(basename $(RECIPE)))
 SET     ?=
 STAMP   := $(VENV)/.installed
 
-.PHONY: install test test-fast test-kvpress test-vllm bench-traces scaling demo teacher traces sft grpo kvpop eval bench bench-gpu faults lint clean figures realbench
+.PHONY: install test test-fast test-kvpress test-vllm bench-vllm bench-traces scaling demo teacher traces sft grpo kvpop eval bench bench-gpu faults lint clean figures realbench
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -59,6 +59,11 @@ $(VENV_VLLM)/.installed: pyproject.toml
 
 test-vllm: $(VENV_VLLM)/.installed
 	$(VENV_VLLM)/bin/python -m pytest tests/vllm
+
+# stock vLLM vs the foresight plugin on this machine: tokens/s, the plugin's time, blocks held, requests that fit a
+# fixed KV space (docs/results/smollm2-135m/vllm-plugin)
+bench-vllm: $(VENV_VLLM)/.installed
+	$(VENV_VLLM)/bin/python -m benchmarks.vllm_plugin --out runs/bench-vllm --report docs/results/smollm2-135m/vllm-plugin
 
 # the data stage's rate in-process vs through a real vLLM server on this machine (docs/results/smollm2-135m/vllm-traces)
 bench-traces: $(VENV_VLLM)/.installed
