@@ -7,7 +7,7 @@ OUT     ?= runs/$(notdir $(basename $(RECIPE)))
 SET     ?=
 STAMP   := $(VENV)/.installed
 
-.PHONY: install test test-fast test-kvpress test-vllm bench-vllm bench-traces scaling demo teacher traces sft grpo kvpop eval bench bench-gpu faults lint clean figures realbench
+.PHONY: install test test-fast test-kvpress test-vllm bench-vllm bench-vllm-loss bench-traces scaling demo teacher traces sft grpo kvpop eval bench bench-gpu faults lint clean figures realbench
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -64,6 +64,10 @@ test-vllm: $(VENV_VLLM)/.installed
 # fixed KV space (docs/results/smollm2-135m/vllm-plugin)
 bench-vllm: $(VENV_VLLM)/.installed
 	$(VENV_VLLM)/bin/python -m benchmarks.vllm_plugin --out runs/bench-vllm --report docs/results/smollm2-135m/vllm-plugin
+
+# the learned scorer's loss ratio through vLLM (the plugin) against the project's engine on the same references
+bench-vllm-loss: $(VENV_VLLM)/.installed
+	$(VENV_VLLM)/bin/python -m benchmarks.vllm_plugin_loss --out runs/bench-vllm/loss --report docs/results/smollm2-135m/vllm-plugin
 
 # the data stage's rate in-process vs through a real vLLM server on this machine (docs/results/smollm2-135m/vllm-traces)
 bench-traces: $(VENV_VLLM)/.installed

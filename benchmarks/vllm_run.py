@@ -1,6 +1,7 @@
 """One offline vLLM run for the plugin's tests and benchmark, in a process of its own (vLLM's engine is one per process):
 ``python -m benchmarks.vllm_run SPEC OUT``. SPEC (JSON): ``llm`` (``LLM(...)`` keywords), ``prompts`` (token ids),
-``max_tokens`` (one per prompt), ``min_tokens``; or ``refuse``: a list of ``LLM(...)`` keywords, each expected to fail.
+``max_tokens`` (one per prompt), ``min_tokens``, ``sampling`` (else greedy), ``force`` (tokens to teacher-force, one
+list per prompt: their raw log-probabilities come back); or ``refuse``: a list of ``LLM(...)`` keywords, each expected to fail.
 The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so that its scheduler can be watched: OUT (JSON)
 gets each request's tokens and finish reason, the KV blocks it held after each scheduler step, the requests running
 then, the preemptions, the plugin's own time,
@@ -33,6 +34,23 @@ def watch(scheduler, held: dict, preempted: list, running: list) -> None:
     scheduler.schedule, scheduler._preempt_request = watched_schedule, watched_preempt
 
 
+def sampling(spec: dict) -> list:
+    """One ``SamplingParams`` per prompt: greedy, or ``spec["sampling"]`` (temperature, top_p, top_k; seeded per
+    request from ``seed``), each held to its ``max_tokens``; with ``force``, those tokens and their log-probabilities."""
+    from vllm import SamplingParams
+
+    out = []
+    for i, m in enumerate(spec["max_tokens"]):
+        kw = dict(max_tokens=m, min_tokens=spec.get("min_tokens", 0), ignore_eos=True, temperature=0.0)
+        if "sampling" in spec:
+            s = spec["sampling"]
+            kw.update(temperature=s["temperature"], top_p=s["top_p"], top_k=s["top_k"], seed=s["seed"] + i)
+        if "force" in spec:
+            kw.update(extra_args={"force": spec["force"][i]}, logprobs=0)
+        out.append(SamplingParams(**kw))
+    return out
+
+
 def plugin_stats(llm) -> dict | None:
     """The worker plugin's own time (steps, evictions) when the plugin ran in this process."""
     executor = llm.llm_engine.engine_core.engine_core.model_executor
@@ -52,7 +70,7 @@ def start_error(make, kwargs: dict) -> str | None:
 
 def main(spec_path: str, out_path: str) -> None:  # noqa: C901 - one run, read top to bottom
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
     from vllm.inputs import TokensPrompt
     from vllm.v1.core.sched.scheduler import Scheduler
 
@@ -61,15 +79,19 @@ def main(spec_path: str, out_path: str) -> None:  # noqa: C901 - one run, read t
         with open(out_path, "w") as f:
             json.dump({"errors": [start_error(LLM, kw) for kw in spec["refuse"]]}, f)
         return
+    if "force" in spec:  # teacher forcing: the forced tokens' raw log-probabilities come back
+        from benchmarks.vllm_forced import ForcedTokens
+
+        spec["llm"]["logits_processors"] = [ForcedTokens]
     llm = LLM(**spec["llm"])
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
     held, preempted, running = {}, [], []
     watch(scheduler, held, preempted, running)
-    params = [SamplingParams(temperature=0.0, max_tokens=m, min_tokens=spec.get("min_tokens", 0), ignore_eos=True)
-              for m in spec["max_tokens"]]
+    params = sampling(spec)
     start = time.perf_counter()
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in spec["prompts"]], params, use_tqdm=False)
     seconds = time.perf_counter() - start
+
     def index(request_id: str) -> int:  # LLM numbers its requests 0, 1, ... in submission order ("3-1a2b")
         return int(request_id.split("-")[0])
 
@@ -81,6 +103,8 @@ def main(spec_path: str, out_path: str) -> None:  # noqa: C901 - one run, read t
               "plugin_active": hasattr(scheduler, "foresight"),
               "block_size": scheduler.cache_config.block_size, "seconds": seconds,
               "new_tokens": sum(len(o.outputs[0].token_ids) for o in outs), "plugin_stats": plugin_stats(llm)}
+    if "force" in spec:
+        result["logprobs"] = [[next(iter(step.values())).logprob for step in o.outputs[0].logprobs] for o in outs]
     with open(out_path, "w") as f:
         json.dump(result, f)
 

@@ -101,9 +101,9 @@ def test_paged_layouts_read_and_write_the_slots_of_a_block_table():
         assert torch.equal(k, keys) and torch.equal(v, values)
         before = cache.clone()
         paged = PagedKV(layout, [cache], block_ids)
-        kk, vv = paged.read(n)
-        assert torch.equal(kk[0, 0], keys)
-        paged.write(kk.flip(3), vv.flip(3), 2, 7)  # positions 2..6 rewritten, the rest untouched
+        kv = paged.read(n)
+        assert torch.equal(kv[0, 0, 0], keys) and torch.equal(kv[1, 0, 0], values)
+        paged.write(kv.flip(4), 2, 7)  # positions 2..6 rewritten, the rest untouched
         k2, v2 = layout.gather(cache, slots)
         assert torch.equal(k2[:, 2:7], keys.flip(1)[:, 2:7]) and torch.equal(k2[:, 7:], keys[:, 7:])
         assert torch.equal(v2[:, :2], values[:, :2]) and torch.equal(v2[:, 2:7], values.flip(1)[:, 2:7])
@@ -204,7 +204,7 @@ def test_a_paged_request_keeps_what_the_engine_keeps_and_compacts_it_in_place(po
         assert req.n == req.schedule.physical(fed)
         if req.steps != before:
             kept.append(req.token[:, 0, :, :req.n].clone())
-            keys, _ = paged.read(req.n)
+            keys = paged.read(req.n)[0]
             for layer in range(shape.num_layers):
                 for head in range(shape.kv_heads):
                     want = torch.stack([key_of[int(t)][layer, head] for t in req.token[layer, 0, head, :req.n]])

@@ -97,16 +97,30 @@ class PagedKV:
     def __init__(self, layout, caches: list, block_ids: torch.Tensor):
         self.layout, self.caches, self.block_ids = layout, caches, block_ids
 
-    def read(self, n: int):
-        """Keys and values [layers, 1, kv_heads, n, head_dim] of physical positions 0..n-1."""
+    def read(self, n: int) -> torch.Tensor:
+        """Keys and values [2, layers, 1, kv_heads, n, head_dim] of physical positions 0..n-1."""
         slots = slots_of(self.block_ids, self.layout.block_size, n)
-        pairs = [self.layout.gather(c, slots) for c in self.caches]
-        return torch.stack([k for k, _ in pairs])[:, None], torch.stack([v for _, v in pairs])[:, None]
+        first = self.caches[0]
+        h = first.shape[1] if isinstance(self.layout, CpuLayout) else first.shape[3]
+        kv = torch.empty(2, len(self.caches), 1, h, n, self.layout.head_dim, dtype=first.dtype, device=first.device)
+        for i, c in enumerate(self.caches):
+            kv[0, i, 0], kv[1, i, 0] = self.layout.gather(c, slots)
+        return kv
 
-    def write(self, keys: torch.Tensor, values: torch.Tensor, start: int, n: int) -> None:
-        """Write positions start..n-1 from dense keys and values [layers, 1, kv_heads, >= n, head_dim]."""
+    def write(self, kv: torch.Tensor, start: int, n: int) -> None:
+        """Write positions start..n-1 from dense pairs ``kv`` [2, layers, 1, kv_heads, >= n, head_dim]."""
         if n <= start:
             return
         slots = slots_of(self.block_ids, self.layout.block_size, n, start)
         for i, c in enumerate(self.caches):
-            self.layout.scatter(c, slots, keys[i, 0, :, start:n], values[i, 0, :, start:n])
+            self.layout.scatter(c, slots, kv[0, i, 0, :, start:n], kv[1, i, 0, :, start:n])
+
+    def write_moved(self, kv: torch.Tensor, idx: torch.Tensor, start: int, n: int) -> None:
+        """Positions start..n-1 take the pairs ``idx`` [layers, kv_heads, n - start, head_dim] (indices into the slot
+        axis, expanded over head_dim) of dense pairs ``kv`` [2, layers, kv_heads, m, head_dim]: an eviction's kept
+        pairs, moved to the front without compacting ``kv`` first."""
+        if n <= start:
+            return
+        slots = slots_of(self.block_ids, self.layout.block_size, n, start)
+        for i, c in enumerate(self.caches):
+            self.layout.scatter(c, slots, kv[0, i].gather(1, idx[i]), kv[1, i].gather(1, idx[i]))

@@ -7,7 +7,8 @@ chunk's probabilities against the keys up to it, accumulated at once; decoding q
 batch when the pending buffer fills or an eviction needs them; the block before the first eviction starts at the
 target (the project's chunks end there, so a chunk crossing it is split); the window sums from the newest 32 queries.
 The eviction itself is :func:`foresight.engine.eviction.evict` on this object, so the features, the selection and
-its tie order are the engine's. What it keeps is then written back to the request's first physical positions.
+its tie order are the engine's (a trained scorer scores the candidate slots only: :mod:`.scoring`). What it keeps
+is then written back to the request's first physical positions.
 
 Memory per request beside its pairs: the statistics' per-slot rows, the newest 32 queries and the pending ones
 (:class:`SlotStatistics`), and a token index per (layer, KV head, slot).
@@ -24,19 +25,29 @@ from foresight.engine.cache.attention_stats import (ALL_ACCUMULATIONS, PROB_ACCU
                                                     StatsLayout, accumulations)
 from foresight.engine.cache.slot_attention import probabilities
 from foresight.engine.cache.slots import SlotStore
+from foresight.integrations.vllm.scoring import CandidateScores
 from foresight.integrations.vllm.settings import Schedule
 
 
-def dense_slots(keys: torch.Tensor, values: torch.Tensor, token: torch.Tensor) -> SlotStore:
-    """A :class:`SlotStore` over a request's pairs read from vLLM's paged cache (``keys``/``values`` [nl, 1, h, n, d])
-    and its persistent token indices (``token`` [nl, 1, h, capacity], shared: the eviction's gather updates them)."""
-    store = SlotStore.__new__(SlotStore)
-    store.head_dim = keys.shape[-1]
-    store.kv = torch.stack([keys, values])
-    store.keys, store.values = store.kv[0], store.kv[1]
-    store.token, store.extra = token, {}
-    store._layer_views()
-    return store
+class PagedSlots(SlotStore):
+    """A :class:`SlotStore` over a request's pairs read from vLLM's paged cache (``kv`` [2, nl, 1, h, n, d]) and its
+    persistent token indices (``token`` [nl, 1, h, capacity]). The eviction's :meth:`gather` writes the kept pairs
+    straight back to the paged cache (from position ``fixed`` on: the slots below never move) instead of compacting
+    this transient copy."""
+
+    def __init__(self, kv: torch.Tensor, token: torch.Tensor, paged, fixed: int):
+        self.head_dim, self.kv, self.token, self.extra = kv.shape[-1], kv, token, {}
+        self.keys, self.values = kv[0], kv[1]
+        self.paged, self.fixed = paged, fixed
+        self._layer_views()
+
+    def gather(self, order: torch.Tensor, n: int) -> None:
+        nl, b, h, k = order.shape
+        self.token.narrow(3, 0, k).copy_(self.token.narrow(3, 0, n).gather(3, order))
+        self.token.narrow(3, k, self.capacity - k).fill_(-1)
+        lo = min(self.fixed, k)
+        idx = order[:, 0, :, lo:, None].expand(nl, h, k - lo, self.head_dim)
+        self.paged.write_moved(self.kv[:, :, 0], idx, lo, k)
 
 
 class PagedRequest:
@@ -57,7 +68,8 @@ class PagedRequest:
         self.settings = settings.replace(sinks=max(settings.sinks, getattr(policy, "layout_sinks", 0) or 0),
                                          window=window, protect_prompt=schedule.protected > 0)
         self.window = settings.interval if window is None else window
-        self.policy, self.schedule, self.scaling = policy, schedule, scaling
+        self.schedule, self.scaling = schedule, scaling
+        self.policy = CandidateScores(policy, self) if CandidateScores.applies(policy) else policy
         self.num_layers, self.kv_heads = shape.num_layers, shape.kv_heads
         self.prompt_len = schedule.prompt_len
         capacity = max(schedule.capacity, schedule.prompt_len)
@@ -113,8 +125,8 @@ class PagedRequest:
 
     def _load(self) -> SlotStore:
         if self.slots is None:
-            keys, values = self._paged.read(self._end)
-            self.slots = dense_slots(keys, values, self.token)
+            fixed = self.schedule.protected + self.settings.sinks  # slots below never move
+            self.slots = PagedSlots(self._paged.read(self._end), self.token, self._paged, fixed)
         return self.slots
 
     def _chunk(self, queries: torch.Tensor) -> None:
@@ -165,6 +177,4 @@ class PagedRequest:
 
     def _evict(self) -> None:
         self._load()
-        eviction.evict(self, self.n - self.schedule.target)
-        start = min(self.schedule.protected + self.settings.sinks, self.n)  # slots below never move
-        self._paged.write(self.slots.keys, self.slots.values, start, self.n)
+        eviction.evict(self, self.n - self.schedule.target)  # its gather writes the kept pairs back (PagedSlots)
