@@ -1,7 +1,8 @@
 """One offline vLLM run for the plugin's tests and benchmark, in a process of its own (vLLM's engine is one per process):
 ``python -m benchmarks.vllm_run SPEC OUT``. SPEC (JSON): ``llm`` (``LLM(...)`` keywords), ``prompts`` (token ids),
 ``max_tokens`` (one per prompt), ``min_tokens``, ``sampling`` (else greedy), ``force`` (tokens to teacher-force, one
-list per prompt: their raw log-probabilities come back); or ``refuse``: a list of ``LLM(...)`` keywords, each expected to fail.
+list per prompt: their raw log-probabilities come back), ``multiprocess`` (vLLM's default processes: nothing watched);
+or ``refuse``: a list of ``LLM(...)`` keywords, each expected to fail.
 The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so that its scheduler can be watched: OUT (JSON)
 gets each request's tokens and finish reason, the KV blocks it held after each scheduler step, the requests running
 then, the preemptions, the plugin's own time,
@@ -69,12 +70,14 @@ def start_error(make, kwargs: dict) -> str | None:
 
 
 def main(spec_path: str, out_path: str) -> None:  # noqa: C901 - one run, read top to bottom
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    spec = json.loads(open(spec_path).read())
+    inprocess = not spec.get("multiprocess")  # vLLM's default: engine core and worker in processes of their own
+    if inprocess:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM
     from vllm.inputs import TokensPrompt
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    spec = json.loads(open(spec_path).read())
     if "refuse" in spec:  # each configuration must fail to start: its error line
         with open(out_path, "w") as f:
             json.dump({"errors": [start_error(LLM, kw) for kw in spec["refuse"]]}, f)
@@ -84,9 +87,10 @@ def main(spec_path: str, out_path: str) -> None:  # noqa: C901 - one run, read t
 
         spec["llm"]["logits_processors"] = [ForcedTokens]
     llm = LLM(**spec["llm"])
-    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler if inprocess else None
     held, preempted, running = {}, [], []
-    watch(scheduler, held, preempted, running)
+    if inprocess:
+        watch(scheduler, held, preempted, running)
     params = sampling(spec)
     start = time.perf_counter()
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in spec["prompts"]], params, use_tqdm=False)
@@ -100,9 +104,10 @@ def main(spec_path: str, out_path: str) -> None:  # noqa: C901 - one run, read t
               "held": {str(index(r)): v for r, v in held.items()},
               "preempted": [index(r) for r in preempted], "running": running,
               "plugin_loaded": bool(getattr(Scheduler, "_foresight_patched", False)),
-              "plugin_active": hasattr(scheduler, "foresight"),
-              "block_size": scheduler.cache_config.block_size, "seconds": seconds,
-              "new_tokens": sum(len(o.outputs[0].token_ids) for o in outs), "plugin_stats": plugin_stats(llm)}
+              "plugin_active": hasattr(scheduler, "foresight") if inprocess else None,
+              "block_size": llm.llm_engine.vllm_config.cache_config.block_size, "seconds": seconds,
+              "new_tokens": sum(len(o.outputs[0].token_ids) for o in outs),
+              "plugin_stats": plugin_stats(llm) if inprocess else None}
     if "force" in spec:
         result["logprobs"] = [[next(iter(step.values())).logprob for step in o.outputs[0].logprobs] for o in outs]
     with open(out_path, "w") as f:

@@ -111,13 +111,18 @@ def test_disabled_and_unbounded_plugin_keep_stock_tokens(exported, prompts, tmp_
             assert a == b, f"request {i}: first differing token {first_divergence(a, b)}"
 
 
-CASES = {  # name: (plugin settings, which prompts, new tokens)
-    "scorer-64:16": ({"scorer": SCORER, "budget": 64, "interval": 16}, [1, 3, 5], 240),
+CASES = {  # name: (plugin settings, which prompts, new tokens, other LLM settings)
+    "scorer-64:16": ({"scorer": SCORER, "budget": 64, "interval": 16}, [1, 3, 5], 240, {}),
     "scorer-128:32-protected": ({"scorer": SCORER, "budget": 128, "interval": 32, "protect_prompt": True},
-                                [0, 1, 2], 320),
-    "h2o-64:16": ({"policy": "h2o", "budget": 64, "interval": 16}, [1, 3], 200),
-    "tova-64:16": ({"policy": "tova", "budget": 64, "interval": 16}, [1, 3], 200),
-    "streamingllm-64:16": ({"policy": "streamingllm", "budget": 64, "interval": 16}, [1, 3], 200),
+                                [0, 1, 2], 320, {}),
+    # prompts of 135-142 tokens prefilled in chunks of at most 48 tokens
+    "scorer-128:32-protected-chunked-prefill": ({"scorer": SCORER, "budget": 128, "interval": 32,
+                                                 "protect_prompt": True}, [0, 2], 200,
+                                                {"enable_chunked_prefill": True, "max_num_batched_tokens": 48,
+                                                 "max_model_len": 512, "max_num_seqs": 8}),
+    "h2o-64:16": ({"policy": "h2o", "budget": 64, "interval": 16}, [1, 3], 200, {}),
+    "tova-64:16": ({"policy": "tova", "budget": 64, "interval": 16}, [1, 3], 200, {}),
+    "streamingllm-64:16": ({"policy": "streamingllm", "budget": 64, "interval": 16}, [1, 3], 200, {}),
 }
 
 
@@ -130,10 +135,11 @@ def policy_of(cfg: dict, model):
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_kept_pairs_and_tokens_equal_the_engine(case, exported, prompts, engine, tmp_path):
-    cfg, which, new = CASES[case]
+    cfg, which, new, llm = CASES[case]
     model = engine[0]
     record = tmp_path / "record"
-    out = run_llm(tmp_path / "run", spec(exported, [prompts[i] for i in which], new, {**cfg, "record": str(record)}))
+    out = run_llm(tmp_path / "run", spec(exported, [prompts[i] for i in which], new, {**cfg, "record": str(record)},
+                                         **llm))
     settings = EvictionSettings(budget=cfg["budget"], interval=cfg["interval"],
                                 sinks=4 if cfg.get("policy") == "streamingllm" else 0,
                                 protect_prompt=bool(cfg.get("protect_prompt")), prompt_overflow="evict")
@@ -242,3 +248,17 @@ def test_a_preempted_request_resumes_correctly_or_fails_closed(case, exported, p
             assert "was preempted after its KV cache was evicted" in log
         else:
             assert finish == "length" and toks == alone["tokens"][i], f"request {i}"
+
+
+def test_the_plugin_runs_in_vllms_own_processes(exported, prompts, tmp_path):
+    """vLLM's default: the scheduler in the engine-core process, the model runner in a worker process. Each loads the
+    plugin and derives the same schedule: the tokens and the kept sets equal those of the one-process engine."""
+    cfg = {"scorer": SCORER, "budget": 64, "interval": 16}
+    which = [prompts[i] for i in (1, 3)]
+    one = run_llm(tmp_path / "one", spec(exported, which, 160, {**cfg, "record": str(tmp_path / "r1")}))
+    many = run_llm(tmp_path / "many", {**spec(exported, which, 160, {**cfg, "record": str(tmp_path / "r2")}),
+                                       "multiprocess": True})
+    assert many["tokens"] == one["tokens"]
+    a, b = kept_steps(tmp_path / "r1"), kept_steps(tmp_path / "r2")
+    assert [len(x) for x in a] == [len(x) for x in b] and min(len(x) for x in a) >= 5
+    assert all(torch.equal(x, y) for ra, rb in zip(a, b) for x, y in zip(ra, rb))

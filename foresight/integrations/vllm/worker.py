@@ -136,7 +136,11 @@ class WorkerPlugin:
             out = original(scheduler_output, *args, **kwargs)
         finally:
             self.active = False
-        if self.step and all(q is not None for q in self.queries):
+        if self.step:
+            missing = [i for i, q in enumerate(self.queries) if q is None]
+            if missing:
+                raise RuntimeError(f"foresight plugin: the attention of layers {missing} did not run through the "
+                                   "recorded backend this step, so their statistics would be missing")
             self.after_forward()
         self.queries = []
         return out
@@ -148,7 +152,7 @@ class WorkerPlugin:
         for req_id, row, begin, count, computed in self.step:
             st = self.requests[req_id]
             held = int(tables.num_blocks_per_row[row])
-            block_ids = torch.from_numpy(tables.block_table.np[row, :held].astype(np.int64))
+            block_ids = torch.from_numpy(tables.block_table.np[row, :held].astype(np.int64)).to(queries.device)
             steps, began = st.steps, time.perf_counter()
             st.feed(queries[:, begin:begin + count].transpose(1, 2), PagedKV(self.layout, self.caches(), block_ids))
             expected = st.schedule.physical(computed + count)
