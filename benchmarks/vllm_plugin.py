@@ -56,13 +56,16 @@ def export(out: Path) -> Path:
 
 
 def held_out_prompts(model: Path, n: int) -> list[list[int]]:
+    """The token ids of the recipe's first ``n`` held-out prompts (``foresight eval``'s), through the model's chat
+    template."""
     from transformers import AutoTokenizer
 
+    from foresight.config.recipe import load_recipe
+    from foresight.data.prompts import encode, heldout_prompts
+
     tok = AutoTokenizer.from_pretrained(str(model))
-    rows = [json.loads(line) for line in open("data_prep/prompts/realbench.jsonl")]
-    held = [r["prompt"] for r in rows if r["split"] == "heldout"][:n]
-    return [list(tok.apply_chat_template([{"role": "user", "content": p}], tokenize=True,
-                                         add_generation_prompt=True)["input_ids"]) for p in held]
+    recipe = load_recipe(RECIPE)
+    return [encode(p, tok) for p in heldout_prompts(recipe.task, recipe.traces, n, tok)]
 
 
 def blocks_for(tokens: int, bs: int) -> int:

@@ -3,7 +3,6 @@ stock tokens when disabled or unbounded, keeps at every eviction the pairs the p
 scorer and the heuristics), treats each request of a batch as if it were alone, frees the blocks it evicted, refuses
 what it cannot run with, and fails closed on a preempted request whose cache was evicted."""
 
-import json
 from pathlib import Path
 
 import pytest
@@ -16,10 +15,10 @@ from foresight.engine.rollout import rollout
 from foresight.policies import make_policy
 from foresight.scorers.checkpoint import load_scorer, policy_from_checkpoint
 from tests.vllm.conftest import smollm2
+from benchmarks.vllm_plugin import STOCK, held_out_prompts
 from benchmarks.vllm_run import run_llm
 
 SCORER = "scorers/smollm2-135m/sft-w256-gap"
-STOCK = {"VLLM_PLUGINS": "lora_filesystem_resolver"}  # vLLM without the foresight plugin
 TIE = 1e-5  # a differing kept set must come from scores this close to the cut: float rounding, not logic
 
 
@@ -29,13 +28,9 @@ def engine():
 
 
 @pytest.fixture(scope="module")
-def prompts(engine):
-    """Held-out realbench prompts, chat-templated: [(token ids, length)], lengths 56 to 142."""
-    tok = engine[1]
-    rows = [json.loads(line) for line in open("data_prep/prompts/realbench.jsonl")]
-    held = [r["prompt"] for r in rows if r["split"] == "heldout"][:6]
-    return [list(tok.apply_chat_template([{"role": "user", "content": p}], tokenize=True,
-                                         add_generation_prompt=True)["input_ids"]) for p in held]
+def prompts(exported):
+    """The first held-out realbench prompts, chat-templated token ids: lengths 142, 56, 135, 74, 138, 58."""
+    return held_out_prompts(exported, 6)
 
 
 def llm_args(model_dir, foresight=None, **changes) -> dict:
