@@ -55,8 +55,8 @@ def register() -> None:
         return
     Scheduler._foresight_patched = True
     EngineArgs.create_engine_config = _checked_config(EngineArgs.create_engine_config)
-    Scheduler.__init__ = _with_scheduler(Scheduler.__init__)
-    GPUModelRunner.__init__ = _with_runner(GPUModelRunner.__init__)
+    Scheduler.__init__ = _installing(Scheduler.__init__, _install_scheduler)
+    GPUModelRunner.__init__ = _installing(GPUModelRunner.__init__, _install_runner)
 
 
 def _checked_config(create):
@@ -72,27 +72,27 @@ def _checked_config(create):
     return create_engine_config
 
 
-def _with_scheduler(init):
+def _installing(init, install):
+    """``init`` (a vLLM class's ``__init__(self, vllm_config, ...)``) followed by ``install(self, vllm_config,
+    settings)`` when the config enables the plugin."""
     @functools.wraps(init)
     def __init__(self, vllm_config, *args, **kwargs):
         init(self, vllm_config, *args, **kwargs)
         settings = _settings_of(vllm_config)
         if settings is not None:
-            from foresight.integrations.vllm import scheduler
-            from foresight.integrations.vllm.checks import check_config
-
-            check_config(vllm_config, settings)
-            scheduler.install(self, settings)
+            install(self, vllm_config, settings)
     return __init__
 
 
-def _with_runner(init):
-    @functools.wraps(init)
-    def __init__(self, vllm_config, *args, **kwargs):
-        init(self, vllm_config, *args, **kwargs)
-        settings = _settings_of(vllm_config)
-        if settings is not None:
-            from foresight.integrations.vllm import worker
+def _install_scheduler(scheduler, vllm_config, settings) -> None:
+    from foresight.integrations.vllm import scheduler as scheduler_side
+    from foresight.integrations.vllm.checks import check_config
 
-            worker.install(self, settings)
-    return __init__
+    check_config(vllm_config, settings)  # again in the engine's process: launchers that bypass EngineArgs
+    scheduler_side.install(scheduler, settings)
+
+
+def _install_runner(runner, vllm_config, settings) -> None:
+    from foresight.integrations.vllm import worker
+
+    worker.install(runner, settings)
