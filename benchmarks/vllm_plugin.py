@@ -5,8 +5,9 @@ every request held to ``new_tokens`` new tokens. Each run is an offline ``LLM`` 
 (:mod:`benchmarks.vllm_run`, engine in-process so that its scheduler can be watched), with KV blocks of
 ``block_size`` tokens:
 
-* **same batch**: all ``requests`` at once with room for all: decode tokens/s of stock and plugin, the plugin's own
-  time per step and per eviction, the blocks each request holds after its first eviction;
+* **same batch**: all ``requests`` at once with room for all: decode tokens/s of stock and plugin (the scorer in float32,
+  and in bfloat16: ``scorer_precision``), the plugin's own time per step and per eviction, the blocks each request
+  holds after its first eviction;
 * **fixed KV space**: as many blocks as ``stock_fit`` full-length requests need, ``capacity_requests`` requests
   submitted: the most that run at once (stock: vLLM's admission; plugin: its reserved admission) against the ideal
   (usable blocks ÷ the blocks of protected prompt + B + L), and the tokens/s each reaches.
@@ -86,6 +87,9 @@ def runs(b: Bench, model: Path, prompts: list[list[int]]) -> dict:
         spec = {"prompts": prompt_set, "max_tokens": [b.new_tokens] * len(prompt_set), "min_tokens": b.new_tokens}
         out[f"stock-{name}"] = ({**spec, "llm": {**base, **extra}}, STOCK)
         out[f"plugin-{name}"] = ({**spec, "llm": {**base, **extra, "additional_config": {"foresight": plugin}}}, {})
+    fast = {**plugin, "scorer_precision": "bfloat16"}
+    spec, _ = out["plugin-batch"]
+    out["plugin-batch-bf16"] = ({**spec, "llm": {**spec["llm"], "additional_config": {"foresight": fast}}}, {})
     return out
 
 
@@ -126,7 +130,7 @@ def report(b: Bench, s: dict, path: Path) -> None:
         f"{b.block_size} tokens. GPU figures: not measured (no GPU was lent).", "",
         "| run | requests running: max / mean per step | tokens/s | plugin ms/step | ms/eviction | plugin share | "
         "blocks/request past P+B+L | preemptions | errors |", "|---|---|---|---|---|---|---|---|---|"]
-    for name in ("stock-batch", "plugin-batch", "stock-capacity", "plugin-capacity"):
+    for name in ("stock-batch", "plugin-batch", "plugin-batch-bf16", "stock-capacity", "plugin-capacity"):
         r = s[name]
         fmt = lambda k, f="{:.1f}": f.format(r[k]) if r.get(k) is not None else "–"  # noqa: E731
         lines.append(f"| {name} | {r['max_running']} / {r['mean_running']:.1f} | {r['tokens_per_s']:.1f} | "
@@ -135,7 +139,10 @@ def report(b: Bench, s: dict, path: Path) -> None:
                      f"{fmt('max_blocks_after_first_eviction', '{}')} | {r['preemptions']} | {r['errors']} |")
     batch = s["plugin-batch"]["tokens_per_s"] / s["stock-batch"]["tokens_per_s"]
     cap = s["plugin-capacity"]["max_running"]
-    lines += ["", f"- Same batch: the plugin decodes at **{batch:.2f}x** stock's tokens/s.",
+    fast = s["plugin-batch-bf16"]["tokens_per_s"] / s["stock-batch"]["tokens_per_s"]
+    lines += ["", f"- Same batch: the plugin decodes at **{batch:.2f}x** stock's tokens/s with the scorer in float32 "
+              f"(the trained scores exactly), **{fast:.2f}x** with `scorer_precision: bfloat16` (its loss ratio: "
+              "`loss.md`).",
               f"- Fixed KV space (the blocks of {b.stock_fit} full-length requests): stock admits requests by their "
               f"prompts and preempts when the blocks run out ({s['stock-capacity']['preemptions']} preemptions, each "
               f"recomputed); the plugin's reserved admission ran up to {cap} at once with none (ideal "

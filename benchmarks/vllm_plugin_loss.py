@@ -6,7 +6,9 @@ References: held-out realbench prompts, continued by stock vLLM with the recipe'
 (the full cache) and once with the foresight plugin; through the engine, by :func:`foresight.engine.rollout.rollout`
 with the full cache and with the same scorer and settings, what ``foresight eval`` runs. The loss ratio is what
 ``foresight eval`` reports, Σ evicted loss / Σ full-cache loss over the generated tokens, with 95% bootstrap intervals
-over the references and the paired interval of vLLM's ratio minus the engine's. float32 in both engines.
+over the references and the paired interval of vLLM's ratio minus the engine's. float32 in both engines. Besides, the
+engine with the scorer's first product in bfloat16 (``scorer_precision``), paired against float32: what the faster
+setting costs.
 """
 
 from __future__ import annotations
@@ -86,8 +88,10 @@ def through_vllm(b: LossBench, out: Path, model: Path, prompts: list, refs: list
                   lambda: [-sum(lp) for lp in run_llm(out / f"forced-{name}", spec, env=env)["logprobs"]])
 
 
-def through_engine(b: LossBench, out: Path, recipe, prompts: list, refs: list, budget) -> list[float]:
-    """Per reference, Σ loss of its generated tokens teacher-forced through the project's engine."""
+def through_engine(b: LossBench, out: Path, recipe, prompts: list, refs: list, budget,
+                   precision: str = "float32") -> list[float]:
+    """Per reference, Σ loss of its generated tokens teacher-forced through the project's engine (``precision``: the
+    scorer's first product)."""
     from foresight.engine.models import load_model
     from foresight.engine.rollout import rollout
     from foresight.scorers.checkpoint import load_scorer, policy_from_checkpoint
@@ -97,7 +101,7 @@ def through_engine(b: LossBench, out: Path, recipe, prompts: list, refs: list, b
         policy = settings = None
         if budget is not None:
             bank, cfg = load_scorer(b.scorer, model)
-            policy = policy_from_checkpoint(bank, cfg)
+            policy = policy_from_checkpoint(bank, cfg, precision=precision)
             settings = EvictionSettings(budget=budget, interval=b.interval, protect_prompt=b.protect_prompt,
                                         prompt_overflow="evict")
         sums = []
@@ -105,7 +109,8 @@ def through_engine(b: LossBench, out: Path, recipe, prompts: list, refs: list, b
             loss = rollout(model, torch.tensor([p + r]), policy, settings, prompt_len=len(p)).token_loss[0]
             sums.append(float(loss[len(p):].sum()))
         return sums
-    return cached(out / f"engine-{'full' if budget is None else budget}.json", make)
+    suffix = "" if precision == "float32" else f"-{precision}"
+    return cached(out / f"engine-{'full' if budget is None else budget}{suffix}.json", make)
 
 
 def interval(num: list, den: list, seed: int) -> list[float]:
@@ -126,9 +131,11 @@ def main(argv=None) -> None:
     rows = []
     for budget in b.budgets:
         v, e = through_vllm(b, out, model, prompts, refs, budget), through_engine(b, out, recipe, prompts, refs, budget)
+        fast = through_engine(b, out, recipe, prompts, refs, budget, "bfloat16")
         rows.append({"budget": budget, "engine": sum(e) / sum(efull), "engine_ci": interval(e, efull, b.seed),
                      "vllm": sum(v) / sum(vfull), "vllm_ci": interval(v, vfull, b.seed),
-                     "vllm_minus_engine_ci": paired_diff_ci(e, efull, v, vfull, b.seed)})
+                     "vllm_minus_engine_ci": paired_diff_ci(e, efull, v, vfull, b.seed),
+                     "bf16": sum(fast) / sum(efull), "bf16_minus_f32_ci": paired_diff_ci(e, efull, fast, efull, b.seed)})
     full_gap = float(np.max(np.abs(np.array(vfull) - np.array(efull)) / np.array(efull)))
     report(b, rows, full_gap, Path(args.report))
 
@@ -143,12 +150,14 @@ def report(b: LossBench, rows: list, full_gap: float, path: Path) -> None:
              f"{b.references} held-out realbench prompts continued by stock vLLM (the recipe's sampling) to "
              f"{b.new_tokens} tokens, each teacher-forced through both engines in float32. Full-cache sums agree to "
              f"{full_gap:.1e} (largest relative gap of one reference).", "",
-             "| B:L | engine (foresight eval's rollout) | vLLM with the plugin | vLLM − engine [paired 95%] |",
-             "|---|---|---|---|"]
+             "| B:L | engine (foresight eval's rollout) | vLLM with the plugin | vLLM − engine [paired 95%] | "
+             "engine, scorer_precision bfloat16 − float32 [paired 95%] |", "|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['budget']}:{b.interval} | {r['engine']:.4f} {fmt(r['engine_ci'])} | {r['vllm']:.4f} "
                      f"{fmt(r['vllm_ci'])} | {r['vllm'] - r['engine']:+.5f} "
-                     f"[{r['vllm_minus_engine_ci'][0]:+.5f}, {r['vllm_minus_engine_ci'][1]:+.5f}] |")
+                     f"[{r['vllm_minus_engine_ci'][0]:+.5f}, {r['vllm_minus_engine_ci'][1]:+.5f}] | "
+                     f"{r['bf16'] - r['engine']:+.5f} [{r['bf16_minus_f32_ci'][0]:+.5f}, "
+                     f"{r['bf16_minus_f32_ci'][1]:+.5f}] |")
     atomic.write_text(path / "loss.md", "\n".join(lines) + "\n")
     atomic.write_json(path / "loss.json", {"settings": dataclasses.asdict(b), "rows": rows, "full_gap": full_gap},
                       indent=1)

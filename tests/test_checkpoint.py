@@ -51,6 +51,11 @@ def test_every_kind_round_trips_with_its_policy(qwen3, tmp_path, kind):
     policy = policy_from_checkpoint(loaded, cfg)
     assert type(policy) is (LearnedPolicy if kind == "foresight" else KVpopPolicy) and policy.name == name
     assert policy_from_checkpoint(loaded, cfg, "mine").name == "mine"
+    if kind == "foresight":
+        assert policy_from_checkpoint(loaded, cfg, precision="bfloat16").precision == "bfloat16"
+    else:
+        with pytest.raises(ValueError, match="applies to ForesightKV scorers"):
+            policy_from_checkpoint(loaded, cfg, precision="bfloat16")
     assert set(KINDS) == {"foresight", "kvpop-mlp", "kvpop-mlstm"}
 
 

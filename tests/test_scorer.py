@@ -148,3 +148,22 @@ def test_head_mean_of_no_slots_is_empty():
     from foresight.engine.features import head_mean
 
     assert head_mean(torch.zeros(2, 3, 0, 8), torch.zeros(2, 3, 0, dtype=torch.long)).shape == (2, 3, 0, 8)
+
+
+def test_a_bfloat16_first_product_rounds_the_scores_and_keeps_their_order():
+    """``precision="bfloat16"``: the same scores up to bf16 rounding of the first product (not bit-identical: the
+    option does run in bf16), the same ranking but for near-ties; an unknown precision is refused."""
+    from foresight.scorers.bank import LearnedPolicy
+
+    view = hand_view(seen=400, n=200, d=16)
+    bank = ScorerBank(3, 2, 16, 2, hidden=64, seed=5)
+    exact = LearnedPolicy(bank).score(view)
+    fast = LearnedPolicy(bank, precision="bfloat16").score(view)
+    assert not torch.equal(exact, fast)
+    assert (fast - exact).abs().max() < 0.02 * exact.abs().max()
+    ranks = lambda s: s.argsort(-1).argsort(-1).float()  # noqa: E731
+    a, b = ranks(exact).flatten(0, 2), ranks(fast).flatten(0, 2)
+    spearman = ((a - a.mean(-1, keepdim=True)) * (b - b.mean(-1, keepdim=True))).mean(-1) / (a.var(-1, False))
+    assert spearman.min() > 0.99
+    with pytest.raises(ValueError, match="unknown scorer precision 'int8'"):
+        LearnedPolicy(bank, precision="int8")

@@ -31,6 +31,9 @@ def test_the_plugin_is_inert_without_settings_and_reads_env_or_vllm_config():
         (64, 16, True)
     ours = resolve({"foresight": {"scorer": "scorers/smollm2-135m/sft-w256-gap"}}, {"FORESIGHT_VLLM_POLICY": "tova"})
     assert ours.scorer and (ours.eviction.budget, ours.eviction.interval) == (256, 32)  # the checkpoint's B and L
+    assert ours.scorer_precision == "float32"  # the trained scores exactly unless asked
+    assert resolve({}, {"FORESIGHT_VLLM_SCORER": "scorers/smollm2-135m/sft-w256-gap",
+                        "FORESIGHT_VLLM_SCORER_PRECISION": "bfloat16"}).scorer_precision == "bfloat16"
     assert resolve({}, {"FORESIGHT_VLLM_POLICY": "streamingllm", "FORESIGHT_VLLM_BUDGET": "64",
                         "FORESIGHT_VLLM_INTERVAL": "16"}).eviction.sinks == 4
 
@@ -43,6 +46,8 @@ def test_the_plugin_is_inert_without_settings_and_reads_env_or_vllm_config():
     ({"budget": 64}, "without a scorer or a policy"),
     ({"policy": "h2o", "budget": "many", "interval": 16}, "budget must be an integer"),
     ({"policy": "h2o", "budget": 64, "interval": 16, "bugdet": 3}, "unknown keys"),
+    ({"scorer": "scorers/smollm2-135m/sft-w256-gap", "scorer_precision": "int8"}, "scorer_precision must be one of"),
+    ({"policy": "h2o", "budget": 64, "interval": 16, "scorer_precision": "bfloat16"}, "applies to a scorer checkpoint"),
 ])
 def test_bad_settings_are_refused_in_one_line(config, message):
     with pytest.raises(PluginConfigError, match=message):
@@ -103,10 +108,14 @@ def test_paged_layouts_read_and_write_the_slots_of_a_block_table():
         paged = PagedKV(layout, [cache], block_ids)
         kv = paged.read(n)
         assert torch.equal(kv[0, 0, 0], keys) and torch.equal(kv[1, 0, 0], values)
-        paged.write(kv.flip(4), 2, 7)  # positions 2..6 rewritten, the rest untouched
+        moved = torch.tensor([[10, 8, 5, 3, 9], [0, 1, 4, 6, 7]])  # per head: what positions 2..6 take
+        paged.write_moved(kv[:, :, 0], moved[None], 2, 7)  # the rest untouched
         k2, v2 = layout.gather(cache, slots)
-        assert torch.equal(k2[:, 2:7], keys.flip(1)[:, 2:7]) and torch.equal(k2[:, 7:], keys[:, 7:])
-        assert torch.equal(v2[:, :2], values[:, :2]) and torch.equal(v2[:, 2:7], values.flip(1)[:, 2:7])
+        for head in range(h):
+            assert torch.equal(k2[head, 2:7], keys[head, moved[head]])
+            assert torch.equal(v2[head, 2:7], values[head, moved[head]])
+        assert torch.equal(k2[:, :2], keys[:, :2]) and torch.equal(k2[:, 7:], keys[:, 7:])
+        assert torch.equal(v2[:, :2], values[:, :2]) and torch.equal(v2[:, 7:], values[:, 7:])
         null = (lambda c: c[:, 0]) if layout.name == "flash" else (lambda c: c[0])
         assert torch.equal(null(cache), null(before))  # the null block and every other block untouched
     assert isinstance(layout_for("CPU_ATTN", "vec", bs, d), CpuLayout)
@@ -173,21 +182,23 @@ def captured_run(model, ids, policy, settings, prompt_len, monkeypatch):
     return [{k: torch.stack(v) for k, v in c.items()} for c in chunks], steps
 
 
-@pytest.mark.parametrize("policy_name", ["h2o", "tova", "snapkv", "learned"])
+@pytest.mark.parametrize("policy_name", ["h2o", "tova", "snapkv", "learned", "learned-bfloat16"])
 @pytest.mark.parametrize("protect", [False, True])
 def test_a_paged_request_keeps_what_the_engine_keeps_and_compacts_it_in_place(policy_name, protect, monkeypatch):
     """Fed the same forward chunks' queries and pairs (written to a paged cache with a scattered block table), a
     request's state evicts at the same steps, keeps the same pairs of every (layer, KV head) bit for bit, and leaves
-    exactly their keys and values in its first physical positions."""
+    exactly their keys and values in its first physical positions (vLLM's CUDA layout, and its CPU layout with the
+    prompt protected)."""
     model = tiny_qwen3(layers=3)
     shape = AttentionShape.of(model.config)
-    policy = LearnedPolicy(ScorerBank(3, 2, 16, 2, hidden=8, seed=3)) if policy_name == "learned" \
-        else make_policy(policy_name)
+    policy = make_policy(policy_name) if not policy_name.startswith("learned") else \
+        LearnedPolicy(ScorerBank(3, 2, 16, 2, hidden=8, seed=3), precision=policy_name.partition("-")[2] or "float32")
     settings = EvictionSettings(budget=16, interval=4, protect_prompt=protect, prompt_overflow="evict")
     ids = torch.randint(3, 30, (1, 70), generator=torch.Generator().manual_seed(1))
     chunks, steps = captured_run(model, ids, policy, settings, 9, monkeypatch)
-    bs, layout = 4, FlashLayout(4, shape.head_dim)
-    caches = [torch.zeros(2, 40, bs, shape.kv_heads, shape.head_dim) for _ in range(shape.num_layers)]
+    bs, layout = 4, (CpuLayout if protect else FlashLayout)(4, shape.head_dim)
+    size = (40, shape.kv_heads, bs, 2 * shape.head_dim) if protect else (2, 40, bs, shape.kv_heads, shape.head_dim)
+    caches = [torch.zeros(size) for _ in range(shape.num_layers)]
     block_ids = torch.randperm(39, generator=torch.Generator().manual_seed(2))[:20] + 1
     req = PagedRequest(shape, policy, settings, Schedule.of(settings, 9), model.config.head_dim ** -0.5, ids.float())
     key_of, kept, fed = {}, [], 0

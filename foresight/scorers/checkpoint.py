@@ -159,9 +159,15 @@ def method_name(cfg: dict) -> str:
     return cfg["stage"] if is_kvpop(cfg["scorer"]) else f"foresight-{cfg['stage']}"
 
 
-def policy_from_checkpoint(bank, cfg: dict, label: str | None = None) -> Policy:
-    """The eviction policy that runs a loaded checkpoint's scorers inside the cache."""
+def policy_from_checkpoint(bank, cfg: dict, label: str | None = None, precision: str = "float32") -> Policy:
+    """The eviction policy that runs a loaded checkpoint's scorers inside the cache (``precision``: of a ForesightKV
+    bank's first product, :data:`foresight.scorers.bank.PRECISIONS`; float32 gives the trained scores exactly)."""
     _, policy = _kind(cfg)
+    if policy is LearnedPolicy:
+        return policy(bank, label or method_name(cfg), precision)
+    if precision != "float32":
+        raise ValueError(f"scorer precision {precision!r} applies to ForesightKV scorers; this checkpoint holds "
+                         f"{scorer_kind(cfg['scorer'])!r} scorers")
     return policy(bank, label or method_name(cfg))
 
 

@@ -54,6 +54,19 @@ class CpuLayout:
         keys_t[blk, :, :, off] = keys.transpose(0, 1).to(cache.dtype)
         vals[blk, :, off] = values.transpose(0, 1).to(cache.dtype)
 
+    def read_blocks(self, cache: torch.Tensor, ids: torch.Tensor):
+        """Keys and values [kv_heads, len(ids), block_size, head_dim] (views) of whole blocks ``ids``: one index_select
+        of contiguous blocks each (per-slot indexing of the transposed keys costs several times more)."""
+        keys_t, values = self._split(cache)
+        return keys_t.index_select(0, ids).permute(1, 0, 3, 2), values.index_select(0, ids).transpose(0, 1)
+
+    def write_blocks(self, cache: torch.Tensor, ids: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Overwrite whole blocks ``ids`` with keys and values [kv_heads, len(ids) * block_size, head_dim]."""
+        keys_t, vals = self._split(cache)
+        h, m = keys.shape[0], len(ids)
+        keys_t.index_copy_(0, ids, keys.view(h, m, self.block_size, self.head_dim).permute(1, 0, 3, 2).to(cache.dtype))
+        vals.index_copy_(0, ids, values.view(h, m, self.block_size, self.head_dim).transpose(0, 1).to(cache.dtype))
+
 
 class FlashLayout:
     """The CUDA backends' layout ``[2, num_blocks, block_size, kv_heads, head_dim]``."""
@@ -71,6 +84,15 @@ class FlashLayout:
         blk, off = slots // self.block_size, slots % self.block_size
         cache[0, blk, off] = keys.transpose(0, 1).to(cache.dtype)
         cache[1, blk, off] = values.transpose(0, 1).to(cache.dtype)
+
+    def read_blocks(self, cache: torch.Tensor, ids: torch.Tensor):
+        kv = cache.index_select(1, ids).permute(0, 3, 1, 2, 4)
+        return kv[0], kv[1]
+
+    def write_blocks(self, cache: torch.Tensor, ids: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        h, m = keys.shape[0], len(ids)
+        for i, x in enumerate((keys, values)):
+            cache[i].index_copy_(0, ids, x.view(h, m, self.block_size, self.head_dim).permute(1, 2, 0, 3).to(cache.dtype))
 
 
 LAYOUTS = {"cpu": CpuLayout, "flash": FlashLayout}
@@ -91,36 +113,53 @@ def layout_for(backend_name: str, isa: str | None, block_size: int, head_dim: in
                      "FLASHINFER, TRITON_ATTN are)")
 
 
+def _rows(kv: torch.Tensor):
+    """Dense pairs [2, layers, kv_heads, m, head_dim] as rows of head_dim values (one flat view per K/V, the same
+    storage), with the row strides of a layer and of a head: picking pairs is then one index_select of whole rows."""
+    d = kv.shape[-1]
+    if kv.stride(-1) != 1 or kv.stride(-2) != d or any(s % d for s in kv.stride()[:3]):
+        kv = kv.contiguous()
+    return kv.as_strided((2, kv.stride(0) // d, d), (kv.stride(0), d, 1)), kv.stride(1) // d, kv.stride(2) // d
+
+
 class PagedKV:
-    """One request's pairs across the layers' paged caches: read the first n positions densely, write positions back."""
+    """One request's pairs across the layers' paged caches: read the first n positions densely, write moved pairs back.
+    Both move whole blocks (what vLLM's layouts store contiguously), one copy per layer and K/V."""
 
     def __init__(self, layout, caches: list, block_ids: torch.Tensor):
         self.layout, self.caches, self.block_ids = layout, caches, block_ids
 
     def read(self, n: int) -> torch.Tensor:
         """Keys and values [2, layers, 1, kv_heads, n, head_dim] of physical positions 0..n-1."""
-        slots = slots_of(self.block_ids, self.layout.block_size, n)
+        bs = self.layout.block_size
+        ids = self.block_ids[:-(-n // bs)]
         first = self.caches[0]
-        h = first.shape[1] if isinstance(self.layout, CpuLayout) else first.shape[3]
-        kv = torch.empty(2, len(self.caches), 1, h, n, self.layout.head_dim, dtype=first.dtype, device=first.device)
+        out = None
         for i, c in enumerate(self.caches):
-            kv[0, i, 0], kv[1, i, 0] = self.layout.gather(c, slots)
-        return kv
+            keys, values = self.layout.read_blocks(c, ids)  # [kv_heads, blocks, block_size, head_dim] each
+            if out is None:
+                out = first.new_empty((2, len(self.caches), 1, keys.shape[0], len(ids) * bs, self.layout.head_dim))
+            out[0, i, 0].view(keys.shape).copy_(keys)
+            out[1, i, 0].view(values.shape).copy_(values)
+        return out[..., :n, :]
 
-    def write(self, kv: torch.Tensor, start: int, n: int) -> None:
-        """Write positions start..n-1 from dense pairs ``kv`` [2, layers, 1, kv_heads, >= n, head_dim]."""
+    def write_moved(self, kv: torch.Tensor, rows: torch.Tensor, start: int, n: int) -> None:
+        """Positions start..n-1 take the pairs at slots ``rows`` [layers, kv_heads, n - start] of dense pairs ``kv``
+        [2, layers, kv_heads, m, head_dim] (positions 0..m-1 as read): an eviction's kept pairs, moved to the front
+        without compacting ``kv`` first. The blocks holding those positions are rewritten whole; their other
+        positions below m keep their pairs."""
         if n <= start:
             return
-        slots = slots_of(self.block_ids, self.layout.block_size, n, start)
+        bs, m = self.layout.block_size, kv.shape[3]
+        b0, b1 = start // bs, -(-n // bs)
+        nl, h, _ = rows.shape
+        before = torch.arange(b0 * bs, start, device=rows.device)
+        after = torch.arange(n, b1 * bs, device=rows.device).clamp_(max=m - 1)  # past m: beyond the physical length
+        src = torch.cat([before.expand(nl, h, -1), rows, after.expand(nl, h, -1)], dim=2)
+        flat, per_layer, per_head = _rows(kv)
+        at = (torch.arange(nl, device=src.device)[:, None, None] * per_layer
+              + torch.arange(h, device=src.device)[None, :, None] * per_head + src).reshape(-1)
+        moved = flat.index_select(1, at).view(2, nl, h, src.shape[2], kv.shape[4])
+        ids = self.block_ids[b0:b1]
         for i, c in enumerate(self.caches):
-            self.layout.scatter(c, slots, kv[0, i, 0, :, start:n], kv[1, i, 0, :, start:n])
-
-    def write_moved(self, kv: torch.Tensor, idx: torch.Tensor, start: int, n: int) -> None:
-        """Positions start..n-1 take the pairs ``idx`` [layers, kv_heads, n - start, head_dim] (indices into the slot
-        axis, expanded over head_dim) of dense pairs ``kv`` [2, layers, kv_heads, m, head_dim]: an eviction's kept
-        pairs, moved to the front without compacting ``kv`` first."""
-        if n <= start:
-            return
-        slots = slots_of(self.block_ids, self.layout.block_size, n, start)
-        for i, c in enumerate(self.caches):
-            self.layout.scatter(c, slots, kv[0, i].gather(1, idx[i]), kv[1, i].gather(1, idx[i]))
+            self.layout.write_blocks(c, ids, moved[0, i], moved[1, i])

@@ -42,12 +42,11 @@ class PagedSlots(SlotStore):
         self._layer_views()
 
     def gather(self, order: torch.Tensor, n: int) -> None:
-        nl, b, h, k = order.shape
+        k = order.shape[-1]
         self.token.narrow(3, 0, k).copy_(self.token.narrow(3, 0, n).gather(3, order))
         self.token.narrow(3, k, self.capacity - k).fill_(-1)
         lo = min(self.fixed, k)
-        idx = order[:, 0, :, lo:, None].expand(nl, h, k - lo, self.head_dim)
-        self.paged.write_moved(self.kv[:, :, 0], idx, lo, k)
+        self.paged.write_moved(self.kv[:, :, 0], order[:, 0, :, lo:], lo, k)
 
 
 class PagedRequest:

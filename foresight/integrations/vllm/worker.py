@@ -41,7 +41,7 @@ def build_policy(settings: PluginSettings, hf_config, device):
 
     check_checkpoint(settings.scorer, hf_config)
     bank, cfg = load_scorer(settings.scorer, device=device)
-    policy = policy_from_checkpoint(bank, cfg)
+    policy = policy_from_checkpoint(bank, cfg, precision=settings.scorer_precision)
     if hasattr(policy, "observe"):
         raise PluginConfigError(f"foresight plugin: {settings.scorer} holds a stateful scorer (it observes every pair "
                                 "as it is written), which the plugin does not run")
