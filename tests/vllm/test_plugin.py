@@ -10,27 +10,14 @@ import torch
 
 from foresight.config.eviction import EvictionSettings
 from foresight.engine.generate import Decoding, generate
-from foresight.engine.models import load_model
 from foresight.engine.rollout import rollout
 from foresight.policies import make_policy
 from foresight.scorers.checkpoint import load_scorer, policy_from_checkpoint
-from tests.vllm.conftest import smollm2
-from benchmarks.vllm_plugin import STOCK, held_out_prompts
+from benchmarks.vllm_plugin import STOCK
 from benchmarks.vllm_run import run_llm
 
 SCORER = "scorers/smollm2-135m/sft-w256-gap"
 TIE = 1e-5  # a differing kept set must come from scores this close to the cut: float rounding, not logic
-
-
-@pytest.fixture(scope="module")
-def engine():
-    return load_model(smollm2().model)
-
-
-@pytest.fixture(scope="module")
-def prompts(exported):
-    """The first held-out realbench prompts, chat-templated token ids: lengths 142, 56, 135, 74, 138, 58."""
-    return held_out_prompts(exported, 6)
 
 
 def llm_args(model_dir, foresight=None, **changes) -> dict:
@@ -170,26 +157,6 @@ def test_each_request_of_a_mixed_batch_equals_itself_alone_and_holds_bounded_blo
         after = [blocks for computed, blocks in batch["held"][str(i)] if computed > first]
         assert after, f"request {i} never evicted"
         assert max(after) <= -(-(protected + cap) // bs), f"request {i} held {max(after)} blocks of {bs}"
-
-
-def test_the_cpu_layout_reads_and_writes_what_vllms_own_cache_op_writes():
-    from vllm import _custom_ops as ops
-
-    from foresight.integrations.vllm.layouts import CpuLayout, slots_of
-
-    nb, h, bs, d, n = 5, 3, 32, 64, 70
-    block_ids = torch.tensor([4, 2, 3])
-    slots = slots_of(block_ids, bs, n)
-    keys, values = torch.randn(n, h, d), torch.randn(n, h, d)
-    for isa in ("vec", "vec16"):
-        cache = torch.zeros(nb, h, bs, 2 * d)
-        kc, vc = cache.view(nb, h, 2 * bs, d).chunk(2, dim=2)
-        ops.cpu_attn_reshape_and_cache(keys, values, kc, vc, slots, isa)
-        k, v = CpuLayout(bs, d).gather(cache, slots)
-        assert torch.equal(k, keys.transpose(0, 1)) and torch.equal(v, values.transpose(0, 1))
-        mine = torch.zeros_like(cache)
-        CpuLayout(bs, d).scatter(mine, slots, keys.transpose(0, 1), values.transpose(0, 1))
-        assert torch.equal(mine, cache)
 
 
 def test_settings_the_plugin_cannot_run_with_are_refused_at_start(exported, tmp_path):

@@ -65,9 +65,10 @@ def _checked_config(create):
         config = create(self, *args, **kwargs)
         settings = _settings_of(config)
         if settings is not None:  # refused in the caller's process, before any engine starts
-            from foresight.integrations.vllm.checks import check_config
+            from foresight.integrations.vllm.checks import adapt, check_config
 
             check_config(config, settings)
+            adapt(config)
         return config
     return create_engine_config
 
@@ -94,5 +95,7 @@ def _install_scheduler(scheduler, vllm_config, settings) -> None:
 
 def _install_runner(runner, vllm_config, settings) -> None:
     from foresight.integrations.vllm import worker
+    from foresight.integrations.vllm.checks import adapt
 
+    adapt(vllm_config)  # before the runner compiles and captures (launchers that bypass EngineArgs)
     worker.install(runner, settings)

@@ -1,8 +1,15 @@
 """What the plugin refuses at start-up, each with one line naming the setting: another vLLM release, prefix caching,
 async scheduling, speculative decoding, pipeline or tensor parallelism, a quantized (FP8) KV cache, sliding-window or
-hybrid models, and a scorer checkpoint made for another model. Each would corrupt an evicted cache silently."""
+hybrid models, and a scorer checkpoint made for another model. Each would corrupt an evicted cache silently. One
+setting is adapted instead (:func:`adapt`): CUDA graphs that capture attention (vLLM's default on GPUs) become piecewise
+ones, with a log line.
+"""
 
 from __future__ import annotations
+
+import logging
+
+log = logging.getLogger("foresight.vllm")
 
 from foresight.engine.attention_shape import AttentionShape
 from foresight.integrations.vllm.settings import PINNED_VLLM, PluginConfigError, PluginSettings
@@ -67,3 +74,18 @@ def check_config(vllm_config, settings: PluginSettings) -> None:
         raise PluginConfigError(f"foresight plugin ({settings.label}): {problems[0]}")
     if settings.scorer:
         check_checkpoint(settings.scorer, vllm_config.model_config.hf_config)
+
+
+def adapt(vllm_config) -> None:
+    """CUDA graph modes that capture attention in a full graph (``FULL``, ``FULL_DECODE_ONLY``, vLLM's GPU default
+    ``FULL_AND_PIECEWISE``) would replay it without the recording wrapper that hands the plugin each step's queries:
+    they become ``PIECEWISE`` (graphs between the attention layers, attention eager: what vLLM itself falls back to for
+    backends without full-graph support), or ``NONE`` where no piecewise compilation is set up."""
+    cc = getattr(vllm_config, "compilation_config", None)
+    mode = getattr(cc, "cudagraph_mode", None)
+    if mode is None or not mode.has_mode(type(mode).FULL):
+        return
+    kind = type(mode)
+    cc.cudagraph_mode = kind.PIECEWISE if mode.has_mode(kind.PIECEWISE) else kind.NONE
+    log.warning("foresight plugin: cudagraph_mode %s captures attention in full CUDA graphs, where the plugin cannot "
+                "record its queries; running %s", mode.name, cc.cudagraph_mode.name)
