@@ -211,3 +211,35 @@ def test_a_policy_declaring_an_unknown_statistic_is_refused(qwen3):
 
     with pytest.raises(ValueError, match="w64"):
         BoundedCache(qwen3.config, Odd(), EvictionSettings(budget=24, interval=8))
+
+
+@pytest.mark.parametrize("cap", [0, 1 << 19])
+def test_the_replay_of_deferred_queries_over_layer_slices_equals_layer_by_layer_accumulation(cap, monkeypatch):
+    """Without padding the deferred decoding queries are replayed a slice of layers per pass (one layer per pass with
+    the one-pass limit at 0, all at once under the default): the statistics buffer is bit for bit what accumulating
+    each layer's probabilities gives."""
+    from foresight.engine import features
+    from foresight.engine.attention_shape import AttentionShape
+    from foresight.engine.cache.attention_stats import ALL_ACCUMULATIONS, SlotStatistics, StatsLayout
+    from foresight.engine.cache.slot_attention import probabilities
+
+    monkeypatch.setattr(features, "ALL_LAYERS_MAX_VALUES", cap)
+    g = torch.Generator().manual_seed(4)
+    shape, n, P = AttentionShape(5, 6, 2, 8), 47, 9
+    st = SlotStatistics(ALL_ACCUMULATIONS, StatsLayout(shape, 2, 64, 16), "cpu", torch.float32)
+    st.buf.uniform_(0, 1, generator=g)  # statistics already accumulated by earlier chunks
+    st.pending_q[:, :, :, :P] = torch.randn(5, 2, 6, P, 8, generator=g)
+    st.pending_token[:P] = torch.arange(n - P, n)
+    st.pending_valid[:, :P] = True
+    st.n_pending = P
+    keys = torch.randn(5, 2, 2, 64, 8, generator=g)
+    want = st.buf.clone()
+    ref = SlotStatistics(ALL_ACCUMULATIONS, StatsLayout(shape, 2, 64, 16), "cpu", torch.float32)
+    ref.buf.copy_(want)
+    for layer in range(5):
+        probs, hidden = probabilities(st.pending_q[layer, :, :, :P], keys[layer, :, :, :n], None, None, False, False,
+                                      0.3)
+        ref.accumulate(layer, probs, hidden, st.pending_valid[:, :P])
+    st.replay(keys, torch.zeros(5, 2, 2, 64, dtype=torch.long), n, False, 0.3)
+    assert st.n_pending == 0 and not torch.equal(st.buf, want)
+    assert torch.equal(st.buf, ref.buf)

@@ -252,9 +252,12 @@ class SlotStatistics:
         if P == 0:
             return
         qtok, valid = self.pending_token[:P].clone(), self.pending_valid[:, :P].clone()
+        batched = not padded and bool(self.needs & PROB_ACCUMULATIONS)
+        if batched:  # without padding: a slice of layers per pass
+            kept_queries.replay_layers(self, keys, n, scaling)
         for layer in range(self.num_layers):
             query = self.pending_q[layer, :, :, :P]
-            if self.needs & PROB_ACCUMULATIONS:
+            if self.needs & PROB_ACCUMULATIONS and not batched:
                 probs, hidden = probabilities(query, keys[layer, :, :, :n], token[layer, :, :, :n], qtok, padded,
                                               False, scaling)
                 self.accumulate(layer, probs, hidden, valid)

@@ -1,8 +1,10 @@
-"""The statistics recomputed at an eviction from a :class:`~foresight.engine.cache.attention_stats.SlotStatistics`' kept
-queries (its newest ``features.QUERY_WINDOW``): the window sums (``w1``…``w32``), Scissorhands' ``pivot32`` counts and
-the ``ahead`` sums of the same queries moved Δ positions on (:mod:`foresight.engine.cache.rope_shift`). ``st`` is the
-SlotStatistics: its ``recent_q`` / ``recent_token`` / ``recent_valid`` (the kept queries), ``newest_kept``, ``shifts``
-and the cache of Scissorhands' thresholds (``shares``)."""
+"""The statistics computed at an eviction from a :class:`~foresight.engine.cache.attention_stats.SlotStatistics`' kept
+queries: the window sums (``w1``…``w32``), Scissorhands' ``pivot32`` counts and the ``ahead`` sums of the same queries
+moved Δ positions on (:mod:`foresight.engine.cache.rope_shift`) from its newest ``features.QUERY_WINDOW`` queries, and
+the block statistics of the deferred decoding queries (:func:`replay_layers`). ``st`` is the SlotStatistics: its
+``recent_q`` / ``recent_token`` / ``recent_valid`` (the kept queries), ``pending_q`` (the deferred ones),
+``newest_kept``, ``shifts`` and the cache of Scissorhands' thresholds (``shares``). Both run over as many layers at once
+as stay within ``features.ALL_LAYERS_MAX_VALUES`` (the values do not depend on the slicing)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import torch
 from foresight.engine import features
 
 from foresight.engine.cache import rope_shift
-from foresight.engine.cache.slot_attention import causal_block, grouped_matmul
+from foresight.engine.cache.slot_attention import causal_block, grouped_matmul, probabilities
 
 
 def window_stats(st, keys, token, n: int, padded: bool, scaling: float, layers_per_slice: int = 0,
@@ -19,10 +21,11 @@ def window_stats(st, keys, token, n: int, padded: bool, scaling: float, layers_p
     """Sums over the last 1/8/16/32 queries and Scissorhands' ``pivot32`` counts (``ahead``: the ``a{Δ}`` sums of the
     same queries rotated Δ positions on instead), recomputed from the kept queries against the first n slots (see
     features.py). Their probabilities [layers, b, H, 32, n] are computed for all layers at once up to
-    ``features.ALL_LAYERS_MAX_VALUES``, above it ``layers_per_slice`` layers at a time: the cache passes
-    interval // 32, so a slice is at most one layer's attention of a chunk (b·H·L·n)."""
+    ``features.ALL_LAYERS_MAX_VALUES``, above it as many layers at a time as stay within it, and at least
+    ``layers_per_slice``: the cache passes interval // 32, so a slice is at most one layer's attention of a chunk
+    (b·H·L·n) where one layer alone exceeds the cap. The values do not depend on the slicing."""
     nl, b, hq, W, _ = st.recent_q.shape
-    step = layers_per_slice or nl
+    step = max(layers_per_slice, features.ALL_LAYERS_MAX_VALUES // max(1, b * hq * W * n)) if layers_per_slice else nl
     part = _ahead_slice if ahead else _window_slice
     if step >= nl or nl * b * hq * W * n <= features.ALL_LAYERS_MAX_VALUES:
         return part(st, slice(None), keys, token, n, padded, scaling)
@@ -97,3 +100,29 @@ def _ahead_slice(st, layers: slice, keys, token, n: int, padded: bool, scaling: 
     vis = visibility(st, token, layers, n, padded)
     return {name: recent_probs(st, rope_shift.rotate(recent_q, table), keys, layers, n, scaling, vis).sum(-2)
             for name, table in zip(features.AHEAD_NAMES, st.shifts)}
+
+
+def replay_layers(st, keys, n: int, scaling: float) -> None:
+    """The block statistics (sum, cum, max, min: those in ``st.needs``) of the ``st.n_pending`` deferred decoding
+    queries against the first n slots ``keys`` [nl, b, h, cap, d] of a cache without padding, a slice of layers per
+    pass (the layers as the batch of one :func:`probabilities`): what :meth:`SlotStatistics.accumulate` adds layer by
+    layer, in a few passes instead of one per layer."""
+    P, nl = st.n_pending, st.num_layers
+    _, b, hq, _, d = st.pending_q.shape
+    step = max(1, features.ALL_LAYERS_MAX_VALUES // max(1, b * hq * P * n))
+    sums = st.rows.index("sum") if "sum" in st.needs else None
+    for lo in range(0, nl, step):
+        sl = slice(lo, min(nl, lo + step))
+        m = sl.stop - lo
+        query = st.pending_q[sl, :, :, :P].reshape(m * b, hq, P, d)
+        probs, _ = probabilities(query, keys[sl, :, :, :n].reshape(m * b, -1, n, d), None, None, False, False, scaling)
+        probs = probs.view(m, b, *probs.shape[1:])  # [m, b, h, g, P, n]
+        if "max" in st.needs:
+            mx = st.max[sl].narrow(-1, 0, n)
+            torch.maximum(mx, probs.amax(4), out=mx)
+        if sums is not None:  # the block sum and the running cum in one add
+            st.buf[sums:sums + 2, sl].narrow(-1, 0, n).add_(probs.sum(4))
+        if "min" in st.needs:  # a hidden key has probability 0: +inf on the newest block's hidden keys
+            probs[..., n - P:].add_(causal_block(P, probs.device))
+            mn = st.min[sl].narrow(-1, 0, n)
+            torch.minimum(mn, probs.amin(4), out=mn)
