@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import logging
 
-log = logging.getLogger("foresight.vllm")
-
 from foresight.engine.attention_shape import AttentionShape
 from foresight.integrations.vllm.settings import PINNED_VLLM, PluginConfigError, PluginSettings
+
+log = logging.getLogger("foresight.vllm")
 
 
 def check_version(version: str) -> None:
