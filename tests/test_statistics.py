@@ -243,3 +243,33 @@ def test_the_replay_of_deferred_queries_over_layer_slices_equals_layer_by_layer_
     st.replay(keys, torch.zeros(5, 2, 2, 64, dtype=torch.long), n, False, 0.3)
     assert st.n_pending == 0 and not torch.equal(st.buf, want)
     assert torch.equal(st.buf, ref.buf)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_window_sums_summed_by_the_replay_equal_recomputed_ones(dtype):
+    """When the W deferred queries are the kept ones, the replay sums the window statistics from its probabilities;
+    an eviction view reads them instead of recomputing them, bit for bit the same; a new query discards them."""
+    from foresight.engine.attention_shape import AttentionShape
+    from foresight.engine.cache import kept_queries
+    from foresight.engine.cache.attention_stats import ALL_ACCUMULATIONS, SlotStatistics, StatsLayout
+
+    g = torch.Generator().manual_seed(5)
+    W, n = 32, 75
+    st = SlotStatistics(ALL_ACCUMULATIONS, StatsLayout(AttentionShape(4, 6, 2, 8), 1, 96, W), "cpu", dtype,
+                        newest_kept=True)
+    st.pending_q.copy_(torch.randn(st.pending_q.shape, generator=g))
+    st.pending_token[:] = torch.arange(n - W, n)
+    st.pending_valid[:] = True
+    st.n_pending = W
+    keys = torch.randn(4, 1, 2, 96, 8, generator=g).to(dtype)
+    token = torch.arange(96).expand(4, 1, 2, 96)
+    st.replay(keys, token, n, False, 0.3)
+    assert st.window_ready is not None and st.window_ready[0] == n
+    fast = kept_queries.window_stats(st, keys, token, n, False, 0.3, 1)
+    st.window_ready = None
+    slow = kept_queries.window_stats(st, keys, token, n, False, 0.3, 1)
+    assert set(fast) == set(slow) == {"pivot32", *(f"w{w}" for w in (1, 8, 16, 32))}
+    assert all(torch.equal(fast[k], slow[k]) for k in slow)
+    st.window_ready = (n, fast)
+    st.remember_queries(0, st.pending_q[0, :, :, :1], torch.tensor([n]), torch.ones(1, 1, dtype=torch.bool))
+    assert st.window_ready is None

@@ -98,6 +98,7 @@ class SlotStatistics:
         self.pending_token = torch.full((pending,), -1, device=device, dtype=torch.long)
         self.pending_valid = torch.zeros(b, pending, device=device, dtype=torch.bool)
         self.n_pending = 0
+        self.window_ready = None  # (n, the window sums) the last replay computed (kept_queries.replay_layers)
 
     def _bind(self):
         """Name the views of the shared buffer (``sum``, ``max``, ``cum``, ``decay``, ``min``; None when not kept) and
@@ -129,12 +130,13 @@ class SlotStatistics:
         out.pending_q = self.pending_q.repeat_interleave(repeat, dim=1)
         out.pending_token = self.pending_token.clone()
         out.pending_valid = self.pending_valid.repeat_interleave(repeat, dim=0)
-        out.shares = {}
+        out.shares, out.window_ready = {}, None
         return out
 
     # ------------------------------------------------------------------------------------------- slots
     def grow(self, extra: int) -> None:
         """``extra`` more (clean) slots."""
+        self.window_ready = None
         cap = self.buf.shape[-1]
         shape = list(self.buf.shape)
         shape[-1] = extra
@@ -150,6 +152,7 @@ class SlotStatistics:
         min) restart, since a new block starts at every eviction, so they are reset rather than moved. The carried
         rows are gathered a few layers at a time (as many as keep the transient copy within one layer's keys and
         values, which the pairs' own gather copies anyway)."""
+        self.window_ready = None
         if not self.rows:
             return
         nl, b, h, k = order.shape
@@ -167,6 +170,7 @@ class SlotStatistics:
 
     def reset_block(self, n: int) -> None:
         """A new block starts over the first n slots: sum, max and min restart; cum and decay carry over."""
+        self.window_ready = None
         if not self.rows:
             return
         if self._n_reset:
@@ -211,6 +215,7 @@ class SlotStatistics:
 
     def remember_queries(self, layer_idx: int, query, qtok, valid) -> None:
         """Keep the latest W queries (the window statistics are recomputed from them at eviction time)."""
+        self.window_ready = None
         q = query.shape[2]
         W = features.QUERY_WINDOW
         recent = self.layer_recent_q[layer_idx]
@@ -253,8 +258,7 @@ class SlotStatistics:
             return
         qtok, valid = self.pending_token[:P].clone(), self.pending_valid[:, :P].clone()
         batched = not padded and bool(self.needs & PROB_ACCUMULATIONS)
-        if batched:  # without padding: a slice of layers per pass
-            kept_queries.replay_layers(self, keys, n, scaling)
+        window = kept_queries.replay_layers(self, keys, n, scaling) if batched else None  # a slice of layers per pass
         for layer in range(self.num_layers):
             query = self.pending_q[layer, :, :, :P]
             if self.needs & PROB_ACCUMULATIONS and not batched:
@@ -264,6 +268,7 @@ class SlotStatistics:
             if "window" in self.needs:
                 self.remember_queries(layer, query, qtok, valid)
         self.n_pending = 0
+        self.window_ready = None if window is None else (n, window)
 
     # ---------------------------------------------------------------------------------------- read-out
     def min_stat(self, n: int) -> torch.Tensor:

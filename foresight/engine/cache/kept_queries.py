@@ -25,6 +25,9 @@ def window_stats(st, keys, token, n: int, padded: bool, scaling: float, layers_p
     ``layers_per_slice``: the cache passes interval // 32, so a slice is at most one layer's attention of a chunk
     (b·H·L·n) where one layer alone exceeds the cap. The values do not depend on the slicing."""
     nl, b, hq, W, _ = st.recent_q.shape
+    ready = getattr(st, "window_ready", None)
+    if not ahead and ready is not None and ready[0] == n and not padded:
+        return ready[1]  # summed by the replay from the same probabilities (replay_layers)
     step = max(layers_per_slice, features.ALL_LAYERS_MAX_VALUES // max(1, b * hq * W * n)) if layers_per_slice else nl
     part = _ahead_slice if ahead else _window_slice
     if step >= nl or nl * b * hq * W * n <= features.ALL_LAYERS_MAX_VALUES:
@@ -84,10 +87,16 @@ def _window_slice(st, layers: slice, keys, token, n: int, padded: bool, scaling:
     vis = visibility(st, token, layers, n, padded)
     probs = recent_probs(st, recent_q, keys, layers, n, scaling, vis)
     if vis is None:
-        hits = probs >= uniform_share(st, n, W, probs.device)  # a hidden key has probability 0: never a hit
-    else:
-        seen = vis.sum(-1, keepdim=True).clamp(min=1)
-        hits = (probs >= 1.0 / seen) & vis
+        return window_sums(st, probs, n)
+    seen = vis.sum(-1, keepdim=True).clamp(min=1)
+    return window_sums(st, probs, n, (probs >= 1.0 / seen) & vis)
+
+
+def window_sums(st, probs: torch.Tensor, n: int, hits: torch.Tensor | None = None) -> dict:
+    """The window sums and Scissorhands' ``pivot32`` counts from the kept queries' probabilities [.., W, n] (``hits``:
+    which reach their threshold; None: each query sees every slot up to itself, no padding)."""
+    if hits is None:
+        hits = probs >= uniform_share(st, n, probs.shape[-2], probs.device)  # a hidden key (probability 0) never hits
     out = {"pivot32": hits.sum(-2, dtype=torch.float32)}  # Scissorhands' counts
     for w in features.WINDOWS:
         out[f"w{w}"] = probs[..., -w:, :].sum(-2)
@@ -102,12 +111,16 @@ def _ahead_slice(st, layers: slice, keys, token, n: int, padded: bool, scaling: 
             for name, table in zip(features.AHEAD_NAMES, st.shifts)}
 
 
-def replay_layers(st, keys, n: int, scaling: float) -> None:
+def replay_layers(st, keys, n: int, scaling: float) -> dict | None:
     """The block statistics (sum, cum, max, min: those in ``st.needs``) of the ``st.n_pending`` deferred decoding
     queries against the first n slots ``keys`` [nl, b, h, cap, d] of a cache without padding, a slice of layers per
     pass (the layers as the batch of one :func:`probabilities`): what :meth:`SlotStatistics.accumulate` adds layer by
-    layer, in a few passes instead of one per layer."""
+    layer, in a few passes instead of one per layer. When the W pending queries are exactly the ones kept for the
+    window sums (W of them, the newest slots never evicted), returns those sums from the same probabilities (the
+    values :func:`window_stats` would compute again; else None)."""
     P, nl = st.n_pending, st.num_layers
+    W = st.recent_q.shape[3]
+    window = [] if "window" in st.needs and P == W and n >= W and st.newest_kept else None
     _, b, hq, _, d = st.pending_q.shape
     step = max(1, features.ALL_LAYERS_MAX_VALUES // max(1, b * hq * P * n))
     sums = st.rows.index("sum") if "sum" in st.needs else None
@@ -117,6 +130,8 @@ def replay_layers(st, keys, n: int, scaling: float) -> None:
         query = st.pending_q[sl, :, :, :P].reshape(m * b, hq, P, d)
         probs, _ = probabilities(query, keys[sl, :, :, :n].reshape(m * b, -1, n, d), None, None, False, False, scaling)
         probs = probs.view(m, b, *probs.shape[1:])  # [m, b, h, g, P, n]
+        if window is not None:
+            window.append(window_sums(st, probs, n))
         if "max" in st.needs:
             mx = st.max[sl].narrow(-1, 0, n)
             torch.maximum(mx, probs.amax(4), out=mx)
@@ -126,3 +141,6 @@ def replay_layers(st, keys, n: int, scaling: float) -> None:
             probs[..., n - P:].add_(causal_block(P, probs.device))
             mn = st.min[sl].narrow(-1, 0, n)
             torch.minimum(mn, probs.amin(4), out=mn)
+    if window is None:
+        return None
+    return {k: torch.cat([part[k] for part in window]) for k in window[0]} if len(window) > 1 else window[0]
