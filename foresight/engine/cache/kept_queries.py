@@ -83,7 +83,6 @@ def recent_probs(st, recent_q, keys, layers: slice, n: int, scaling: float, vis)
 
 def _window_slice(st, layers: slice, keys, token, n: int, padded: bool, scaling: float) -> dict:
     recent_q = st.recent_q[layers]
-    W = recent_q.shape[3]
     vis = visibility(st, token, layers, n, padded)
     probs = recent_probs(st, recent_q, keys, layers, n, scaling, vis)
     if vis is None:
