@@ -12,7 +12,9 @@ every request held to ``new_tokens`` new tokens. Each run is an offline ``LLM`` 
   submitted: the most that run at once (stock: vLLM's admission; plugin: its reserved admission) against the ideal
   (usable blocks ÷ the blocks of protected prompt + B + L), and the tokens/s each reaches.
 
-Writes ``OUT/result-<run>.json`` per run (a finished run is not repeated) and ``REPORT/README.md``.
+The same-batch runs are repeated ``repeats`` times, interleaved (stock, plugin, plugin in bfloat16, stock, ...): the
+table gives medians and each plugin/stock ratio pairs runs of the same repeat. Writes ``OUT/result-<run>[-<repeat>].json``
+per run (a finished run is not repeated) and ``REPORT/README.md``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import platform
 import subprocess
 import time
 from pathlib import Path
+
+import numpy as np
 
 from benchmarks.vllm_run import run_llm
 from foresight.runtime import atomic
@@ -44,6 +48,10 @@ class Bench:
     block_size: int = 32
     stock_fit: int = 4
     capacity_requests: int = 16
+    repeats: int = 3  # the same-batch runs, interleaved (tokens/s on a shared machine drift by ±10% between runs)
+
+
+SAME_BATCH = ("stock-batch", "plugin-batch", "plugin-batch-bf16")
 
 
 def export(out: Path) -> Path:
@@ -93,26 +101,33 @@ def runs(b: Bench, model: Path, prompts: list[list[int]]) -> dict:
     return out
 
 
-def summary(b: Bench, results: dict, prompts: list[list[int]]) -> dict:
+def summary(b: Bench, results: dict, prompts: list[list[int]], again: dict) -> dict:
+    """The table's rows; ``again``: name -> the later repeats' results of the same-batch runs."""
     bs = b.block_size
     protected = max(len(p) for p in prompts[:b.capacity_requests]) if b.protect_prompt else 0
     usable = b.stock_fit * blocks_for(max(len(p) for p in prompts) + b.new_tokens, bs)
     ideal = usable // blocks_for(protected + b.budget + b.interval, bs)
     out = {}
     for name, r in results.items():
-        row = {"tokens_per_s": r["new_tokens"] / r["seconds"], "max_running": max(r["running"]),
+        runs_ = [r, *again.get(name, [])]
+        rates = [x["new_tokens"] / x["seconds"] for x in runs_]
+        row = {"tokens_per_s": float(np.median(rates)), "tokens_per_s_runs": rates, "max_running": max(r["running"]),
                "mean_running": sum(r["running"]) / len(r["running"]),
                "preemptions": len(r["preempted"]), "errors": r["finish"].count("error")}
         if r["plugin_stats"]:
-            st = r["plugin_stats"]
-            row["plugin_ms_per_step"] = 1000 * st["seconds"] / max(1, st["steps"])
-            row["ms_per_eviction"] = 1000 * st["eviction_seconds"] / max(1, st["evictions"])
-            row["plugin_share"] = st["seconds"] / r["seconds"]
+            sts = [x["plugin_stats"] for x in runs_]
+            row["plugin_ms_per_step"] = float(np.median([1000 * x["seconds"] / max(1, x["steps"]) for x in sts]))
+            row["ms_per_eviction"] = float(np.median([1000 * x["eviction_seconds"] / max(1, x["evictions"])
+                                                      for x in sts]))
+            row["plugin_share"] = float(np.median([x["seconds"] / y["seconds"] for x, y in zip(sts, runs_)]))
         after = [blocks for i, p in enumerate(prompts) if str(i) in r["held"]
                  for computed, blocks in r["held"][str(i)]
                  if computed > (len(p) if b.protect_prompt else 0) + b.budget + b.interval]
         row["max_blocks_after_first_eviction"] = max(after) if after else None
         out[name] = row
+    for name in SAME_BATCH[1:]:  # each repeat's plugin run against the stock run beside it
+        ratios = [p / q for p, q in zip(out[name]["tokens_per_s_runs"], out["stock-batch"]["tokens_per_s_runs"])]
+        out[name]["ratio_to_stock"] = {"median": float(np.median(ratios)), "runs": ratios}
     out["ideal_running"] = ideal
     out["bound_blocks_per_request"] = blocks_for(protected + b.budget + b.interval, bs)
     return out
@@ -137,12 +152,13 @@ def report(b: Bench, s: dict, path: Path) -> None:
                      f"{fmt('plugin_ms_per_step')} | "
                      f"{fmt('ms_per_eviction')} | {fmt('plugin_share', '{:.0%}')} | "
                      f"{fmt('max_blocks_after_first_eviction', '{}')} | {r['preemptions']} | {r['errors']} |")
-    batch = s["plugin-batch"]["tokens_per_s"] / s["stock-batch"]["tokens_per_s"]
+    batch, fast = (s[n]["ratio_to_stock"] for n in SAME_BATCH[1:])
+    spread = lambda r: f"**{r['median']:.2f}x** (runs {min(r['runs']):.2f}–{max(r['runs']):.2f})"  # noqa: E731
     cap = s["plugin-capacity"]["max_running"]
-    fast = s["plugin-batch-bf16"]["tokens_per_s"] / s["stock-batch"]["tokens_per_s"]
-    lines += ["", f"- Same batch: the plugin decodes at **{batch:.2f}x** stock's tokens/s with the scorer in float32 "
-              f"(the trained scores exactly), **{fast:.2f}x** with `scorer_precision: bfloat16` (its loss ratio: "
-              "`loss.md`).",
+    lines += ["", f"- Same batch ({b.repeats} interleaved runs each, medians in the table): the plugin decodes at "
+              f"{spread(batch)} stock's tokens/s with the scorer in float32 (the trained scores exactly), "
+              f"{spread(fast)} with `scorer_precision: bfloat16` (its loss ratio: `loss.md`); each ratio pairs a "
+              "plugin run with the stock run of the same repeat.",
               f"- Fixed KV space (the blocks of {b.stock_fit} full-length requests): stock admits requests by their "
               f"prompts and preempts when the blocks run out ({s['stock-capacity']['preemptions']} preemptions, each "
               f"recomputed); the plugin's reserved admission ran up to {cap} at once with none (ideal "
@@ -165,16 +181,22 @@ def main(argv=None) -> None:
     out = Path(args.out)
     model = export(out)
     prompts = held_out_prompts(model, max(b.requests, b.capacity_requests))
-    results = {}
-    for name, (spec, env) in runs(b, model, prompts).items():
-        done = out / f"result-{name}.json"
+    plan = runs(b, model, prompts)
+    order = [(name, name) for name in plan] + [(f"{name}-{i}", name) for i in range(1, b.repeats) for name in SAME_BATCH]
+    results, again = {}, {}
+    for label, name in order:
+        done = out / f"result-{label}.json"
         if not done.exists():
-            print(f"[bench-vllm] {name} ...", flush=True)
-            atomic.write_json(done, run_llm(out / name, spec, env=env, timeout=3600))
-        results[name] = json.loads(done.read_text())
-        print(f"[bench-vllm] {name}: {results[name]['new_tokens'] / results[name]['seconds']:.1f} tokens/s",
-              flush=True)
-    report(b, summary(b, results, prompts), Path(args.report))
+            print(f"[bench-vllm] {label} ...", flush=True)
+            spec, env = plan[name]
+            atomic.write_json(done, run_llm(out / label, spec, env=env, timeout=3600))
+        r = json.loads(done.read_text())
+        print(f"[bench-vllm] {label}: {r['new_tokens'] / r['seconds']:.1f} tokens/s", flush=True)
+        if label == name:
+            results[name] = r
+        else:
+            again.setdefault(name, []).append(r)
+    report(b, summary(b, results, prompts, again), Path(args.report))
 
 
 if __name__ == "__main__":
