@@ -113,8 +113,8 @@ class ScorerBank(nn.Module):
             parts.append(age_feature(age.detach()).to(parts[0].device))
         return torch.cat(parts, dim=-1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_layers(slice(None), x)
+    def forward(self, x: torch.Tensor, precision: str = "float32") -> torch.Tensor:
+        return self.forward_layers(slice(None), x, precision)
 
     def forward_layers(self, layers: slice, x: torch.Tensor, precision: str = "float32") -> torch.Tensor:
         """The MLPs of a slice of layers: x [nl', b, h, n, D_in] -> [nl', b, h, n]. The first product is one batched
@@ -173,8 +173,8 @@ class LearnedPolicy(Policy):
         per_layer = b * h * n * self.bank.d_in
         step = max(1, features.ALL_LAYERS_MAX_VALUES // max(per_layer, 1))
         if step >= nl:
-            return self.bank.forward_layers(slice(None), self.bank.inputs(view).to(p.device),
-                                            self.precision).to(view.keys.device)
+            # through the module's call: hooks such as ZeRO-3's gather of partitioned parameters run
+            return self.bank(self.bank.inputs(view).to(p.device), self.precision).to(view.keys.device)
         attn = self.bank.reads_attention
         age = self.bank.ages(view)
         out = view.keys.new_empty((nl, b, h, n), dtype=torch.float32)
