@@ -113,8 +113,10 @@ class ScorerBank(nn.Module):
             parts.append(age_feature(age.detach()).to(parts[0].device))
         return torch.cat(parts, dim=-1)
 
-    def forward(self, x: torch.Tensor, precision: str = "float32") -> torch.Tensor:
-        return self.forward_layers(slice(None), x, precision)
+    def forward(self, x: torch.Tensor, precision: str = "float32", layers: slice = slice(None)) -> torch.Tensor:
+        """:meth:`forward_layers` through the module's call (so that hooks such as ZeRO-3's gather of partitioned
+        parameters run)."""
+        return self.forward_layers(layers, x, precision)
 
     def forward_layers(self, layers: slice, x: torch.Tensor, precision: str = "float32") -> torch.Tensor:
         """The MLPs of a slice of layers: x [nl', b, h, n, D_in] -> [nl', b, h, n]. The first product is one batched
@@ -173,7 +175,6 @@ class LearnedPolicy(Policy):
         per_layer = b * h * n * self.bank.d_in
         step = max(1, features.ALL_LAYERS_MAX_VALUES // max(per_layer, 1))
         if step >= nl:
-            # through the module's call: hooks such as ZeRO-3's gather of partitioned parameters run
             return self.bank(self.bank.inputs(view).to(p.device), self.precision).to(view.keys.device)
         attn = self.bank.reads_attention
         age = self.bank.ages(view)
@@ -183,7 +184,7 @@ class LearnedPolicy(Policy):
             stats = {k: view.stats[k][sl] for k in self.bank.stat_names} if attn else {}
             x = self.bank.assemble(view.keys[sl], view.values[sl], stats, None if age is None else age[sl],
                                    view.token[sl])
-            out[sl] = self.bank.forward_layers(sl, x.to(p.device), self.precision).to(out.device)
+            out[sl] = self.bank(x.to(p.device), self.precision, sl).to(out.device)
         return out
 
 
