@@ -25,7 +25,7 @@ def window_stats(st, keys, token, n: int, padded: bool, scaling: float, layers_p
     ``layers_per_slice``: the cache passes interval // 32, so a slice is at most one layer's attention of a chunk
     (b·H·L·n) where one layer alone exceeds the cap. The values do not depend on the slicing."""
     nl, b, hq, W, _ = st.recent_q.shape
-    ready = getattr(st, "window_ready", None)
+    ready = st.window_ready
     if not ahead and ready is not None and ready[0] == n and not padded:
         return ready[1]  # summed by the replay from the same probabilities (replay_layers)
     step = max(layers_per_slice, features.ALL_LAYERS_MAX_VALUES // max(1, b * hq * W * n)) if layers_per_slice else nl
