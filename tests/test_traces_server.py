@@ -135,6 +135,42 @@ def test_greedy_traces_through_the_server_equal_in_process_ones(relay, tmp_path)
     assert json.loads((tmp_path / "srv" / "meta.json").read_text())["engine"] == meta["engine"]
 
 
+class GateRelay(Relay):
+    """A relay that answers the client's one-token probe and the first batch's requests at once and holds each later
+    one until a part file exists in ``parts`` (a scored batch), or 8 s: decoding slower than the scoring pass, made
+    deterministic."""
+
+    lock, in_flight, most, hold, arrived, all_in = threading.Lock(), 0, 0, 0, 0, threading.Event()
+    parts, first = Path(), 5
+
+    def do_POST(self):
+        with self.lock:
+            late = self.arrived >= self.first
+        deadline = time.time() + 8
+        while late and time.time() < deadline and not any(self.parts.glob("prompts-*.json")):
+            time.sleep(0.05)
+        super().do_POST()
+
+
+def test_scoring_can_wait_for_every_completion(server, tmp_path):
+    # scoring during decoding would write the first batch's part while the second batch is held at the relay
+    out = tmp_path / "srv"
+    GateRelay.upstream, GateRelay.parts = server.url.removesuffix("/v1"), out / "parts"
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), GateRelay)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    try:
+        summary = traces.make_traces(remote(url, **{"traces.concurrency": 4, "traces.score_during_decoding": "false"}),
+                                     out, **QUIET)
+    finally:
+        httpd.shutdown()
+    done = [p.stat().st_mtime_ns for p in (out / "completions").glob("prompt-*.json")]
+    parts = [p.stat().st_mtime_ns for p in (out / "parts").glob("prompts-*.json")]
+    assert len(done) == 8 and len(parts) == 2 and max(done) < min(parts)
+    assert summary["num_traces"] == 8 and load_traces(out)["prompt_index"] == list(range(8))
+    assert traces.make_traces(remote(server.url), out, **QUIET)["requests_this_run"] == 0  # not part of the data's key
+
+
 def test_a_killed_server_fails_clearly_and_a_rerun_completes_without_duplicates(tmp_path):
     s = Server(free_port(), tmp_path / "server.log").start()
     out = tmp_path / "srv"

@@ -66,6 +66,9 @@ class TracesConfig:
     server_model: str | None = None  # the name the server serves the model under (default: model.path)
     api_key_env: str | None = None  # environment variable holding the server's API key
     concurrency: int = 8  # requests in flight
+    # openai: score finished batches while the server decodes the rest (a server on other hardware); false: wait for
+    # every completion first (a server on this machine's cores decodes faster without the scoring pass beside it)
+    score_during_decoding: bool = True
     request_timeout: float = 1800.0  # seconds per request
     max_retries: int = 5  # retries of a transient failure (backoff 0.5 s, doubling)
 

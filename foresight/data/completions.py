@@ -14,7 +14,9 @@ tokens exactly as it does its own (see :mod:`foresight.data.traces`).
   tokenizer; a row that stopped (``finish_reason: stop``) ends with the EOS token, as in-process rows do.
 * **Resume.** Each completion is written atomically to ``OUT/completions/prompt-NNNNNNN.json`` the moment it arrives,
   so a rerun after a kill or a server failure sends only prompts without one, and never duplicates a trace.
-* ``traces.concurrency`` requests are in flight at once, across batches, while finished batches are scored locally.
+* ``traces.concurrency`` requests are in flight at once, across batches, while finished batches are scored locally;
+  with ``traces.score_during_decoding: false`` the scoring waits for every completion (a server that shares this
+  machine's cores decodes faster alone).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from foresight.data import prompts
@@ -175,6 +177,20 @@ class RemoteGenerator:
                     raise
             out.append(self.load(p.index))
         return out
+
+    def wait(self, progress: bool = False) -> None:
+        """Wait for every request in flight (a bar over the completions when ``progress``); the first failure closes
+        the pool and is raised."""
+        from tqdm import tqdm
+
+        futures = list(self.futures.values())
+        for fut in tqdm(as_completed(futures), total=len(futures), desc="completions", disable=not progress,
+                        unit="prompt"):
+            try:
+                fut.result()
+            except BaseException:
+                self.close()
+                raise
 
     def load(self, index: int) -> list[int]:
         f = self.path(index)

@@ -44,7 +44,7 @@ from foresight.data.trace_data import TraceDataError, publish
 TRACE_SECTIONS = ("model", "task", "traces")
 # how the traces are fetched, not what they are: may change between runs into one folder
 TRANSPORT_FIELDS = ("num_prompts", "base_url", "server_model", "api_key_env", "concurrency", "request_timeout",
-                    "max_retries")
+                    "max_retries", "score_during_decoding")
 
 
 def recipe_key(recipe) -> dict:
@@ -107,6 +107,8 @@ def make_traces(recipe, out: Path, progress: bool = True, log=print) -> dict:
         sent = remote.start([batches[bi] for bi in todo])
         log(f"[traces] {sent} prompts sent to {remote.client.base_url} ({traces_cfg.concurrency} in flight); "
             f"{sum(map(len, batches.values())) - sent} completions already on disk")
+        if not traces_cfg.score_during_decoding:
+            remote.wait(progress)
     bar = tqdm(total=len(todo), desc=f"traces[rank{rank}]", disable=not progress, unit="batch")
     kept = gen_tokens = 0
     t0 = time.time()
