@@ -12,10 +12,13 @@ traces, about 9 passes over the data, the same number of passes at every size, a
 Stages, each skipped when its output is complete, each resuming inside itself after a kill:
 
 1. ``traces``  ``foresight traces`` (``--set traces.engine=openai --set traces.base_url=...`` to decode through vLLM)
-2. ``sft``     one SFT run per size (``OUT/sft-N``), then the wider scorer at the largest (``OUT/sft-N-wide``)
-3. ``eval``    the heuristics and golden once (``OUT/eval-methods``), each scorer alone beside the full cache
+2. ``golden``  the golden examples of every training and validation trace (``sft.example_steps`` per trace), stored
+               once under ``$FORESIGHT_CACHE`` for every run
+3. ``sft``     one SFT run per size (``OUT/sft-N``), then the wider scorer at the largest (``OUT/sft-N-wide``), each
+               keeping its checkpoints' scorers (the largest size's after half its steps is evaluated too)
+4. ``eval``    the heuristics and golden once (``OUT/eval-methods``), each scorer alone beside the full cache
                (``OUT/eval-sft-N``): the same references, so every pair of rows is paired trace by trace
-4. ``report``  ``REPORT/README.md``, ``REPORT/results.json`` and ``REPORT/scaling.png``
+5. ``report``  ``REPORT/README.md``, ``REPORT/results.json`` and ``REPORT/scaling.png``
 
     python -m studies.data_scaling --out runs/scaling --report docs/results/smollm2-135m/data-scaling
 """
@@ -32,8 +35,10 @@ from pathlib import Path
 from foresight.config.recipe import load_recipe
 from studies.realbench.run import banner, record_time, train, trained
 
-STAGES = ("traces", "sft", "eval", "report")
-HEURISTICS = "full,golden,random-keep-prompt,streamingllm,h2o,tova,snapkv,rkv,keydiff"
+STAGES = ("traces", "golden", "sft", "eval", "report")
+# the heuristics within reach of the learned scorer on the 192 held-out references (docs/results/smollm2-135m/heldout192/:
+# H2O, R-KV, Knorm, KeyDiff and random lie 0.08-1.5 above it there), golden eviction and the full cache
+HEURISTICS = "full,golden,random-keep-prompt,streamingllm,tova,snapkv,scissorhands"
 
 
 def steps_for(n: int, base_steps: int = 300, base_traces: int = 264) -> int:
@@ -66,10 +71,20 @@ class Scaling:
     def runs(self) -> list[tuple[str, int, list[str]]]:
         """(folder name, training traces, overrides) of every SFT run, smallest first, the wider scorer last."""
         steps = self.recipe().sft.steps
-        out = [(f"sft-{n}", n, [f"sft.train_traces={n}", f"sft.steps={steps_for(n, steps)}"]) for n in self.sizes]
+        out = [(f"sft-{n}", n, [f"sft.train_traces={n}", f"sft.steps={steps_for(n, steps)}", "sft.snapshots=true"])
+               for n in self.sizes]
         top = max(self.sizes)
         return out + [(f"sft-{top}-wide", top, [f"sft.train_traces={top}", f"sft.steps={steps_for(top, steps)}",
-                                                self.wide])]
+                                                "sft.snapshots=true", self.wide])]
+
+    def convergence(self) -> list[tuple[str, int, Path]]:
+        """(name, training traces, checkpoint) of the largest size's scorer after half its steps (its snapshot at the
+        checkpoint nearest below): evaluated like every run, paired against the finished one, it says whether the
+        largest size trained to convergence."""
+        recipe, top = self.recipe(), max(self.sizes)
+        every = recipe.sft.ckpt_every
+        half = steps_for(top, recipe.sft.steps) // 2 // every * every
+        return [(f"sft-{top}-half", top, self.out / f"sft-{top}" / "steps" / f"step-{half:06d}")] if half else []
 
 
 def run(study: Scaling) -> dict:
@@ -84,6 +99,8 @@ def run(study: Scaling) -> dict:
             from foresight.data.traces import make_traces
 
             print(make_traces(study.recipe(), traces), flush=True)
+        elif stage == "golden":
+            fill_golden(study)
         elif stage == "sft":
             for name, _, sets in study.runs():
                 banner(f"sft {name}")
@@ -99,17 +116,30 @@ def run(study: Scaling) -> dict:
     return took
 
 
+def fill_golden(study: Scaling) -> None:
+    """Every stored golden example the SFT runs read (the largest size's training traces and the validation ones),
+    computed once and timed on its own; each SFT run then finds its traces in the store."""
+    from foresight.data.stage_inputs import load_stage_inputs
+    from foresight.training.sft import golden_stores
+
+    recipe = study.recipe(f"sft.train_traces={max(study.sizes)}")
+    _, model, ds, train_idx, val_idx = load_stage_inputs(recipe.sft, recipe.model, study.out / "traces", 1)
+    for store in golden_stores(recipe, model):
+        print(f"[golden] {store.fill(train_idx + val_idx, ds)} traces computed into {store.folder}", flush=True)
+
+
 def evaluate(study: Scaling) -> None:
-    """The heuristics and golden once, then each trained scorer beside the full cache, on the same references."""
+    """The heuristics and golden once, then each trained scorer beside the full cache, on the same references; loss
+    columns only (``eval.recall=false``: golden's labels for every method's recall cost ~5x a method's rollout)."""
     from foresight.evaluation.evaluate import run_eval
 
-    recipe = study.recipe()
+    recipe = study.recipe("eval.recall=false")
     run_eval(recipe, study.out / "eval-methods", methods=study.methods, budgets=study.budgets)
-    for name, _, _ in study.runs():
-        if trained(study.out / name):
-            banner(f"eval {name}")
-            run_eval(recipe, study.out / f"eval-{name}", methods="full", budgets=study.budgets,
-                     scorers=[study.out / name])
+    scorers = [(name, study.out / name) for name, _, _ in study.runs() if trained(study.out / name)]
+    scorers += [(name, path) for name, _, path in study.convergence() if (path / "config.json").exists()]
+    for name, path in scorers:
+        banner(f"eval {name}")
+        run_eval(recipe, study.out / f"eval-{name}", methods="full", budgets=study.budgets, scorers=[path])
 
 
 def main(argv=None) -> int:

@@ -26,8 +26,8 @@ def collect(study) -> dict:
     out: dict[int, dict] = {}
     for row in _rows(study.out / "eval-methods"):
         out.setdefault(row["budget"], {"methods": {}, "sizes": []})["methods"][row["method"]] = row
-    for name, n, _ in study.runs():
-        metrics_file = study.out / name / "metrics.json"
+    for name, n, folder in [(name, n, study.out / name) for name, n, _ in study.runs()] + study.convergence():
+        metrics_file = folder / "metrics.json"
         metrics = json.loads(metrics_file.read_text()) if metrics_file.exists() else {}
         for row in _rows(study.out / f"eval-{name}"):
             if row["method"] != "full":
@@ -66,6 +66,12 @@ def budget_table(budget: int, data: dict) -> list[str]:
         lines.append(f"| {name} | {n} | {_interval(row)} | {_cell(_diff(row, ref), vs_ref)} | "
                      f"{_cell(_diff(row, best), vs_best)} | {metrics.get('val_recall_at_L', '—')} | "
                      f"{metrics.get('val_loss', '—')} |")
+    lines.append("")
+    for name, n, row, _ in data["sizes"]:  # the largest size after half its steps, against the finished run
+        done = next((r for m, k, r, _ in data["sizes"] if m == name.removesuffix("-half")), None)
+        if name.endswith("-half") and done is not None:
+            lines.append(f"Convergence at {n} traces: the finished run − the run after half its steps (paired): "
+                         f"{_cell(_diff(done, row), paired_ci(done, row))}.")
     return lines + [""]
 
 
@@ -81,7 +87,7 @@ def figure(data: dict, path: Path) -> None:
 
     fig, axes = plt.subplots(1, len(data), figsize=(5.5 * len(data), 4), squeeze=False)
     for ax, (budget, d) in zip(axes[0], sorted(data.items())):
-        pts = sorted((n, r) for name, n, r, _ in d["sizes"] if not name.endswith("wide"))
+        pts = sorted((n, r) for name, n, r, _ in d["sizes"] if not name.endswith(("wide", "half")))
         if pts:
             xs = [n for n, _ in pts]
             ax.plot(xs, [r["loss_ratio"] for _, r in pts], "o-", color="C0", label="learned scorer (SFT)")
@@ -89,8 +95,10 @@ def figure(data: dict, path: Path) -> None:
                 ax.fill_between(xs, [r["loss_ratio_ci"][0] for _, r in pts], [r["loss_ratio_ci"][1] for _, r in pts],
                                 color="C0", alpha=0.2)
         for name, n, r, _ in d["sizes"]:
-            if name.endswith("wide"):
-                ax.errorbar([n], [r["loss_ratio"]], fmt="s", color="C3", label="wider scorer",
+            if name.endswith(("wide", "half")):
+                wide = name.endswith("wide")
+                ax.errorbar([n], [r["loss_ratio"]], fmt="s" if wide else "v", color="C3" if wide else "C2",
+                            label="wider scorer" if wide else "half the steps",
                             yerr=[[r["loss_ratio"] - r["loss_ratio_ci"][0]], [r["loss_ratio_ci"][1] - r["loss_ratio"]]]
                             if r.get("loss_ratio_ci") else None)
         best = best_heuristic(d["methods"])
@@ -106,6 +114,32 @@ def figure(data: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def cost_lines(study) -> list[str]:
+    """What each stage cost on this machine: the seconds per stage (summed over resumed runs), the traces' last run
+    and each SFT run's training time."""
+    from studies.realbench.run import stage_times
+
+    lines = ["## Cost", "", "| stage | seconds | what |", "|---|---:|---|"]
+    meta = study.out / "traces" / "meta.json"
+    tp = json.loads(meta.read_text()).get("throughput", {}) if meta.exists() else {}
+    for stage, seconds in stage_times(study.out).items():
+        what = {"golden": f"golden examples of the largest size's {max(study.sizes)} training and {study.val} "
+                          "validation traces", "eval": f"{study.problems} held-out references: the methods, then "
+                                                       "every scorer"}.get(stage, "")
+        if stage == "traces" and tp:
+            what = (f"its last run: {tp.get('requests_this_run', '?')} prompts decoded, "
+                    f"{tp.get('generated_tokens_this_run', '?')} new tokens, {tp.get('kept_this_run', '?')} traces "
+                    f"kept in {tp.get('seconds_this_run', '?')} s")
+        lines.append(f"| {stage} | {seconds} | {what} |")
+    for name, n, _ in study.runs():
+        f = study.out / name / "metrics.json"
+        if f.exists():
+            m = json.loads(f.read_text())
+            lines.append(f"| sft {name} | {m.get('train_seconds_this_run', '—')} | {m.get('steps', '—')} steps on {n} "
+                         "traces (the last run's training time, when resumed) |")
+    return lines + [""]
 
 
 def write_report(study) -> None:
@@ -126,4 +160,5 @@ def write_report(study) -> None:
              "ratios on the same traces with its 95% bootstrap interval.", "", "![scaling](scaling.png)", ""]
     for budget in sorted(data):
         lines += budget_table(budget, data[budget])
+    lines += cost_lines(study)
     (study.report / "README.md").write_text("\n".join(lines))

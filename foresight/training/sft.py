@@ -119,6 +119,16 @@ def start_from(cfg, model, bank, log):
     return init
 
 
+def golden_stores(recipe, model) -> list[GoldenStore]:
+    """The stores of golden examples SFT reads, one per training budget (none with ``sft.example_steps = 0``): every
+    run of the same model, eviction settings, pooling and example seed shares them."""
+    cfg = recipe.sft
+    if not cfg.example_steps:
+        return []
+    return [GoldenStore(model, s, cfg.golden_pool, cfg.example_steps, example_seed(cfg)) for s in
+            training_settings(recipe)]
+
+
 def example_seed(cfg) -> int:
     """The seed that picks each trace's stored eviction steps: ``sft.example_seed``, else ``sft.seed`` (so two seeds
     of a setting share one golden store only when asked to)."""
@@ -155,8 +165,7 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
 
     cache_examples: dict[tuple[int, int], list] = {}
     settings = training_settings(recipe)
-    stores = [GoldenStore(model, s, cfg.golden_pool, cfg.example_steps, example_seed(cfg)) for s in settings] \
-        if cfg.example_steps else []
+    stores = golden_stores(recipe, model)
     onpolicy = onpolicy_store(cfg, recipe, model, init)
     if rank == 0:  # every trace's examples at once, in batches (then shared by every rank)
         for st in stores + [onpolicy]:
