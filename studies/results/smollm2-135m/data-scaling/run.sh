@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The data-scaling study end to end (docs/results/smollm2-135m/data-scaling/): the traces through vLLM (traces.sh),
+# then the golden examples, the SFT runs, the evaluation on the held-out references and the report in the project's
+# environment. Every stage resumes after a kill: run it again.
+set -e
+OUT=${SCALING_OUT:-runs/scaling}
+bash "$(dirname "$0")/traces.sh"
+.venv/bin/python -m studies.data_scaling --out "$OUT" --report docs/results/smollm2-135m/data-scaling \
+  --stages golden,sft,eval,report
