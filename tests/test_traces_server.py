@@ -168,6 +168,7 @@ def test_scoring_can_wait_for_every_completion(server, tmp_path):
     parts = [p.stat().st_mtime_ns for p in (out / "parts").glob("prompts-*.json")]
     assert len(done) == 8 and len(parts) == 2 and max(done) < min(parts)
     assert summary["num_traces"] == 8 and load_traces(out)["prompt_index"] == list(range(8))
+    assert summary["seconds_this_run"] >= 8  # the stage's clock covers the decoding (the relay held it for 8 s)
     assert traces.make_traces(remote(server.url), out, **QUIET)["requests_this_run"] == 0  # not part of the data's key
 
 

@@ -101,7 +101,7 @@ def make_traces(recipe, out: Path, progress: bool = True, log=print) -> dict:
     size, train_rows = traces_cfg.batch_size, prompts.training_rows(traces_cfg, 0, traces_cfg.num_prompts)
     batches = {bi: prompts.load_rows(recipe.task, traces_cfg, train_rows[bi * size:(bi + 1) * size], tok, split="train")
                for bi in todo}
-    remote = None
+    remote, t0 = None, time.time()  # the clock covers the decoding a server does before the first batch is scored
     if traces_cfg.engine == "openai":
         remote = RemoteGenerator(traces_cfg, recipe.model, tok, out / "completions", log=log)
         sent = remote.start([batches[bi] for bi in todo])
@@ -111,7 +111,6 @@ def make_traces(recipe, out: Path, progress: bool = True, log=print) -> dict:
             remote.wait(progress)
     bar = tqdm(total=len(todo), desc=f"traces[rank{rank}]", disable=not progress, unit="batch")
     kept = gen_tokens = 0
-    t0 = time.time()
     try:
         for bi in todo:
             batch = batches[bi]
