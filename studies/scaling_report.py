@@ -131,7 +131,7 @@ def cost_lines(study) -> list[str]:
         if stage == "traces" and tp:
             what = (f"its last run: {tp.get('requests_this_run', '?')} prompts decoded, "
                     f"{tp.get('generated_tokens_this_run', '?')} new tokens, {tp.get('kept_this_run', '?')} traces "
-                    f"kept in {tp.get('seconds_this_run', '?')} s")
+                    "kept and scored")
         lines.append(f"| {stage} | {seconds} | {what} |")
     for name, n, _ in study.runs():
         f = study.out / name / "metrics.json"
