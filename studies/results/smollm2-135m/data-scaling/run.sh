@@ -4,6 +4,7 @@
 # environment. Every stage resumes after a kill: run it again.
 set -e
 OUT=${SCALING_OUT:-runs/scaling}
-bash "$(dirname "$0")/traces.sh"
+# a finished traces folder starts no server (with more prompts asked of it, run traces.sh itself)
+[ -f "$OUT/traces/dataset/state.json" ] || bash "$(dirname "$0")/traces.sh"
 .venv/bin/python -m studies.data_scaling --out "$OUT" --report docs/results/smollm2-135m/data-scaling \
   --stages golden,sft,eval,report
