@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The data-scaling study's traces (docs/results/smollm2-135m/data-scaling/): 1,088 SmolLM2 realbench traces decoded by
+# The traces of the data-scaling study (studies/data_scaling.py): 1,088 SmolLM2 realbench traces decoded by
 # vLLM's CPU build in bfloat16 (the recipe's dtype; 4.2x the in-process rate here, docs/results/smollm2-135m/vllm-traces/),
 # every completion first, then the local scoring pass (the two share the machine's cores). Resumable: run it again.
 # Needs .venv-vllm (make test-vllm installs it) and the exported model (make bench-traces exports it).
