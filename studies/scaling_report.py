@@ -68,8 +68,10 @@ def budget_table(budget: int, data: dict) -> list[str]:
                      f"{metrics.get('val_loss', '—')} |")
     lines.append("")
     for name, n, row, _ in data["sizes"]:  # the largest size after half its steps, against the finished run
-        done = next((r for m, k, r, _ in data["sizes"] if m == name.removesuffix("-half")), None)
-        if name.endswith("-half") and done is not None:
+        if not name.endswith("-half"):
+            continue
+        done = next((r for m, _, r, _ in data["sizes"] if m == name.removesuffix("-half")), None)
+        if done is not None:
             lines.append(f"Convergence at {n} traces: the finished run − the run after half its steps (paired): "
                          f"{_cell(_diff(done, row), paired_ci(done, row))}.")
     return lines + [""]

@@ -170,11 +170,7 @@ class RemoteGenerator:
         for p in batch:
             fut = self.futures.pop(p.index, None)
             if fut is not None:
-                try:
-                    fut.result()
-                except BaseException:
-                    self.close()
-                    raise
+                self._settle(fut)
             out.append(self.load(p.index))
         return out
 
@@ -186,11 +182,15 @@ class RemoteGenerator:
         futures = list(self.futures.values())
         for fut in tqdm(as_completed(futures), total=len(futures), desc="completions", disable=not progress,
                         unit="prompt"):
-            try:
-                fut.result()
-            except BaseException:
-                self.close()
-                raise
+            self._settle(fut)
+
+    def _settle(self, fut) -> None:
+        """A finished request's outcome: its failure closes the pool (no more requests are sent) and is raised."""
+        try:
+            fut.result()
+        except BaseException:
+            self.close()
+            raise
 
     def load(self, index: int) -> list[int]:
         f = self.path(index)
