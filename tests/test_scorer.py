@@ -36,6 +36,33 @@ def test_forward_layers_is_bit_identical_to_the_einsum_formulation(activation, b
     assert all(torch.equal(a, b) for a, b in zip(*grads))
 
 
+@pytest.mark.parametrize("layers", [slice(None), slice(1, 3)])
+def test_the_folded_first_product_is_the_same_function_with_half_the_backward_products(layers):
+    """``folded=True`` (SFT): the layer norm's scale and shift folded into the first product give the same scores and
+    parameter gradients up to rounding, and the backward's batched products count half the floating-point operations
+    (the weights' gradient only, not the normalised inputs' as well)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    bank = ScorerBank(4, 3, 16, 3, hidden=32, activation="gelu", seed=1)
+    with torch.no_grad():
+        for p in bank.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    x = torch.randn(len(range(4)[layers]), 2, 3, 57, bank.d_in, generator=torch.Generator().manual_seed(0))
+    res = []
+    for folded in (False, True):
+        out = bank(x, layers=layers, folded=folded)
+        with FlopCounterMode(display=False) as flops:
+            out.square().sum().backward()
+        res.append((out.detach(), [p.grad.clone() for p in bank.parameters()], flops.get_total_flops()))
+        bank.zero_grad()
+    (plain, plain_grads, plain_flops), (fold, fold_grads, fold_flops) = res
+    torch.testing.assert_close(fold, plain, rtol=1e-5, atol=1e-5)
+    for a, b in zip(fold_grads, plain_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    first = x.shape[0] * 3 * 2 * 57 * bank.d_in * 32 * 2  # one first product: rows × D_in × hidden, 2 flops each
+    assert plain_flops > 2 * first and fold_flops < 1.1 * first  # the normalised inputs' gradient is gone
+
+
 def hand_view(seen: int = 40, nl: int = 3, b: int = 2, h: int = 2, g: int = 2, n: int = 9, d: int = 8):
     """An eviction view with random keys, values and statistics, its slots holding scattered token indices."""
     from foresight.engine.features import STAT_NAMES

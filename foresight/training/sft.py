@@ -67,7 +67,7 @@ def example_rows(bank, examples):
     nl = bank.num_layers
     phis, futs, cands = [], [], []
     for x, f, c in examples:
-        phis.append(bank(x).reshape(nl, -1, x.shape[3]))
+        phis.append(bank(x, folded=True).reshape(nl, -1, x.shape[3]))
         futs.append(f.reshape(nl, -1, x.shape[3]))
         cands.append(c.reshape(nl, -1, x.shape[3]))
     return torch.cat(phis, 1), torch.cat(futs, 1), torch.cat(cands, 1)
