@@ -90,6 +90,33 @@ def test_example_seed_lets_another_sft_seed_reuse_the_stored_examples(sft_setup,
         load_recipe("recipes/tiny-qwen3.yaml", [*base, "sft.example_seed=-1"])
 
 
+def test_each_sft_step_reads_ahead_the_stored_files_of_the_next_step(sft_setup, tmp_path, monkeypatch):
+    """With stored examples, step s asks the kernel to read step s + 1's trace files ahead (so a store larger than the
+    page cache is read while a step computes): every advised file is one the next step reads, and it exists."""
+    from foresight.data.stage_inputs import load_stage_inputs
+    from foresight.training import sft
+    from foresight.training.golden_store import GoldenStore
+
+    monkeypatch.setenv("FORESIGHT_CACHE", str(tmp_path / "cache"))
+    r, tdir = sft_setup
+    recipe = load_recipe("recipes/tiny-qwen3.yaml", [f"model.path={r.model.path}", *SETS, "sft.example_steps=2"])
+    advised, prefetch = [], GoldenStore.prefetch
+
+    def record(store, rows):
+        n = prefetch(store, rows)
+        advised.append(([store.trace_key(row) for row in rows], n))
+        return n
+
+    monkeypatch.setattr(GoldenStore, "prefetch", record)
+    sft.train_sft(recipe, tdir, tmp_path / "run", progress=False, log=lambda *_: None)
+    _, _, ds, train, _ = load_stage_inputs(recipe.sft, recipe.model, tdir, 1)
+    assert len(advised) == recipe.sft.steps
+    for step, (keys, n) in enumerate(advised):
+        nxt = sft.step_traces(recipe.sft, train, step + 1)
+        assert keys == [GoldenStore.trace_key(ds[i]) for i in nxt]
+        assert n == len(nxt) == recipe.sft.batch_traces  # every file existed (the store was filled first)
+
+
 def test_onpolicy_states_follow_the_scorer_with_golden_labels(sft_setup, tmp_path, monkeypatch):
     """sft.onpolicy (a DAgger round): the store follows the given scorer's own top-L trajectory and labels its states
     with golden's future scores; SFT starts from that scorer and adds those states; bad settings are refused."""

@@ -101,6 +101,13 @@ def lost_future_ratio(scored) -> float:
 
 
 # ------------------------------------------------------------------------------------------------ training
+def step_traces(cfg, train_idx: list[int], step: int) -> list[int]:
+    """The training traces of SFT step ``step`` (``sft.batch_traces`` drawn with replacement, seeded by the step)."""
+    rng = random.Random(cfg.seed * 1_000_003 + step)
+    return [rng.choice(train_idx) for _ in range(cfg.batch_traces)]
+
+
+
 def start_from(cfg, model, bank, log):
     """Load ``sft.init`` (or ``sft.onpolicy``, which starts from the scorer whose states it adds) into ``bank``;
     returns the loaded scorer, or None."""
@@ -198,9 +205,9 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
     t0 = time.time()
     last = resumed_extra(ckpt).get("last", {}) if start else {}  # a resumed run reports its latest metrics
     for step in bar:
-        rng = random.Random(cfg.seed * 1_000_003 + step)
-        batch = [rng.choice(train_idx) for _ in range(cfg.batch_traces)]
-        mine = batch[rank::world]
+        mine = step_traces(cfg, train_idx, step)[rank::world]
+        for store in stores:  # the next step's files are read from disk while this step computes
+            store.prefetch([ds[i] for i in step_traces(cfg, train_idx, step + 1)[rank::world]])
         gen = torch.Generator().manual_seed(cfg.seed * 7 + step)  # drawn from in the batch's order
         per_trace = mean_step(mine, lambda i: budgets_loss(bank, groups_for(i), cfg, gen), bank, opt, engine,
                               cfg.grad_clip)
