@@ -18,7 +18,10 @@ Stages, each skipped when its output is complete, each resuming inside itself af
                keeping its checkpoints' scorers (the largest size's after half its steps is evaluated too)
 4. ``eval``    the heuristics and golden once (``OUT/eval-methods``), each scorer alone beside the full cache
                (``OUT/eval-sft-N``): the same references, so every pair of rows is paired trace by trace
-5. ``report``  ``REPORT/README.md``, ``REPORT/results.json`` and ``REPORT/scaling.png``
+5. ``headline`` the paper's claim at the best measured point (:mod:`studies.scaling_headline`): uniform budgets up to
+               512 against every heuristic, and the recommended allocation at B' = 114 / 242 against the best
+               heuristic at 2B
+6. ``report``  ``REPORT/README.md``, ``REPORT/results.json`` and ``REPORT/scaling.png``
 
     python -m studies.data_scaling --out runs/scaling --report docs/results/smollm2-135m/data-scaling
 """
@@ -34,8 +37,9 @@ from pathlib import Path
 
 from foresight.config.recipe import load_recipe
 from studies.realbench.run import banner, record_time, train, trained
+from studies.scaling_headline import ALLOCATED, ALLOCATION
 
-STAGES = ("traces", "golden", "sft", "eval", "report")
+STAGES = ("traces", "golden", "sft", "eval", "headline", "report")
 # the heuristics within reach of the learned scorer on the 192 held-out references (docs/results/smollm2-135m/heldout192/:
 # H2O, R-KV, Knorm, KeyDiff and random lie 0.08-1.5 above it there), golden eviction and the full cache
 HEURISTICS = "full,golden,random-keep-prompt,streamingllm,tova,snapkv,scissorhands"
@@ -62,6 +66,9 @@ class Scaling:
     wide: str = "scorer.hidden=512"
     methods: str = HEURISTICS
     stages: tuple[str, ...] = STAGES
+    allocation: tuple[str, ...] = ALLOCATION  # the headline's budget allocation: recipe overrides
+    allocated: str = ALLOCATED  # its B' for each of the budgets
+    reference: int = 264  # the size every point is paired against (the shipped scorer's data)
 
     def recipe(self, *extra: str):
         base = [f"traces.num_prompts={max(self.sizes) + self.val}", f"sft.val_traces={self.val}",
@@ -107,6 +114,10 @@ def run(study: Scaling) -> dict:
                 train("sft", study.recipe(*sets), traces, out / name)
         elif stage == "eval":
             evaluate(study)
+        elif stage == "headline":
+            from studies.scaling_headline import run_headline
+
+            run_headline(study)
         elif stage == "report":
             from studies.scaling_report import write_report
 
@@ -153,6 +164,9 @@ def main(argv=None) -> int:
     ap.add_argument("--budgets", default="128:32,256:32")
     ap.add_argument("--wide", default="scorer.hidden=512", help="the override of the wider scorer at the largest size")
     ap.add_argument("--methods", default=HEURISTICS, help="evaluated once beside the scorers")
+    ap.add_argument("--allocation", action="append", help="an override of the headline's allocation (repeat it; default: "
+                    + " ".join(ALLOCATION) + ")")
+    ap.add_argument("--allocated", default=ALLOCATED, help="the allocation's B' for each of --budgets")
     ap.add_argument("--stages", default=",".join(STAGES))
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     a = ap.parse_args(argv)
@@ -160,7 +174,8 @@ def main(argv=None) -> int:
     if [s for s in stages if s not in STAGES]:
         ap.error(f"stages: {', '.join(STAGES)}")
     study = Scaling(a.recipe, tuple(a.overrides), a.out, a.report, tuple(int(x) for x in a.sizes.split(",")), a.val,
-                    a.problems, a.budgets, a.wide, a.methods, stages)
+                    a.problems, a.budgets, a.wide, a.methods, stages, tuple(a.allocation or ALLOCATION),
+                    a.allocated)
     study.recipe()  # a bad recipe or override fails before any work
     (a.out).mkdir(parents=True, exist_ok=True)
     (a.out / "study.json").write_text(json.dumps({"argv": argv if argv is not None else [], **{

@@ -1,7 +1,7 @@
 """The data-scaling study's report (:mod:`studies.data_scaling`): per budget, each size's held-out loss ratio with its
-95% interval, paired against the scorer trained on 264 traces and against the best heuristic, the validation metrics
-SFT ended with, and the figure (loss ratio against training traces, log x-axis, interval bands, the best heuristic
-and golden eviction as horizontal lines)."""
+95% interval, paired against the scorer trained on 264 traces (``Scaling.reference``) and against the best heuristic,
+the validation metrics SFT ended with, the headline check (:mod:`studies.scaling_headline`), and the figure (loss ratio
+against training traces, log x-axis, interval bands, the best heuristic and golden eviction as horizontal lines)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,7 @@ from pathlib import Path
 from foresight.runtime import atomic
 from studies.realbench.goals import paired_ci
 from studies.realbench.report import git_commit, machine
-
-REFERENCE_SIZE = 264  # the shipped scorer's data: every size is paired against it
-
+from studies.scaling_headline import headline_lines, headline_rows
 
 def _rows(folder: Path) -> list[dict]:
     f = folder / "results.json"
@@ -51,14 +49,14 @@ def _interval(row: dict) -> str:
     return f"{row['loss_ratio']:.4f}" + (f" [{ci[0]:.4f}, {ci[1]:.4f}]" if ci else "")
 
 
-def budget_table(budget: int, data: dict) -> list[str]:
-    ref = next((r for name, n, r, _ in data["sizes"] if n == REFERENCE_SIZE and not name.endswith("wide")), None)
+def budget_table(budget: int, data: dict, reference: int) -> list[str]:
+    ref = next((r for name, n, r, _ in data["sizes"] if n == reference and not name.endswith(("wide", "half"))), None)
     best = best_heuristic(data["methods"])
     head = f"Best heuristic: {best['method']} {_interval(best)}" if best else "No heuristic rows"
     if "golden" in data["methods"]:
         head += f"; golden: {_interval(data['methods']['golden'])}"
     lines = [f"### B = {budget}", "", head + ".", "",
-             "| run | training traces | loss ratio [95%] | − 264 traces (paired) | − best heuristic (paired) | "
+             f"| run | training traces | loss ratio [95%] | − {reference} traces (paired) | − best heuristic (paired) | "
              "val recall@L | val loss |", "|---|---:|---|---|---|---:|---:|"]
     for name, n, row, metrics in data["sizes"]:
         vs_ref = paired_ci(row, ref) if ref is not None and row is not ref else None
@@ -129,7 +127,8 @@ def cost_lines(study) -> list[str]:
     for stage, seconds in stage_times(study.out).items():
         what = {"golden": f"golden examples of the largest size's {max(study.sizes)} training and {study.val} "
                           "validation traces", "eval": f"{study.problems} held-out references: the methods, then "
-                                                       "every scorer"}.get(stage, "")
+                                                       "every scorer",
+                "headline": "the heuristics and the best point at 2B, the allocation's runs"}.get(stage, "")
         if stage == "traces" and tp:
             what = (f"its last run: {tp.get('requests_this_run', '?')} prompts decoded, "
                     f"{tp.get('generated_tokens_this_run', '?')} new tokens, {tp.get('kept_this_run', '?')} traces "
@@ -150,6 +149,9 @@ def write_report(study) -> None:
     atomic.write_json(study.report / "results.json", {str(b): d for b, d in data.items()}, indent=1)
     if data:
         figure(data, study.report / "scaling.png")
+    headline = headline_rows(study)
+    if headline.get("allocated_runs"):
+        atomic.write_json(study.report / "headline.json", headline, indent=1)
     sizes = ", ".join(str(n) for n in study.sizes)
     lines = ["# How far data takes the scorer: SFT on 66 to 1,056 SmolLM2 traces", "",
              f"- **Command:** `python -m studies.data_scaling --out {study.out} --report {study.report} --sizes {sizes}"
@@ -161,6 +163,6 @@ def write_report(study) -> None:
              f"evaluated on the same {study.problems} held-out references. Paired columns: the difference of loss "
              "ratios on the same traces with its 95% bootstrap interval.", "", "![scaling](scaling.png)", ""]
     for budget in sorted(data):
-        lines += budget_table(budget, data[budget])
-    lines += cost_lines(study)
+        lines += budget_table(budget, data[budget], study.reference)
+    lines += headline_lines(study) + cost_lines(study)
     (study.report / "README.md").write_text("\n".join(lines))

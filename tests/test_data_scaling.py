@@ -12,6 +12,7 @@ from foresight.evaluation import evaluate
 from foresight.training import sft
 from foresight.training.golden_store import GoldenStore
 from studies import data_scaling
+from studies import scaling_headline as headline
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,7 +47,10 @@ def test_the_study_runs_end_to_end_and_reports_every_size(tiny_model_dir, tmp_pa
             "sft.steps=8", "sft.batch_traces=2", "sft.ckpt_every=2", "sft.example_steps=2")
     study = data_scaling.Scaling(ROOT / "recipes/tiny-qwen3.yaml", sets, tmp_path / "sc", tmp_path / "report",
                                  sizes=(2, 6), val=2, problems=3, budgets="8:4,16:4", wide="scorer.hidden=32",
-                                 methods="full,golden,h2o,streamingllm")
+                                 methods="full,golden,h2o,streamingllm", reference=2,
+                                 allocation=("cache.layer_budgets=1:1.25", "cache.whole_heads=1:0",
+                                             "eval.protect_prompt=true", "cache.prompt_overflow=evict"),
+                                 allocated="7,14")
     data_scaling.run(study)
     assert [r[0] for r in study.runs()] == ["sft-2", "sft-6", "sft-6-wide"]
     stored = list((tmp_path / "cache" / "golden").rglob("trace-*.pt"))
@@ -66,12 +70,23 @@ def test_the_study_runs_end_to_end_and_reports_every_size(tiny_model_dir, tmp_pa
     assert (tmp_path / "report/scaling.png").stat().st_size > 0 and "### B = 8" in md and "| sft-6-wide | 6 |" in md
     assert "Convergence at 6 traces: the finished run − the run after half its steps (paired): " in md
     assert "| golden |" in md and "| sft sft-6 |" in md  # the cost section
+    best = headline.best_run(study)  # the headline: the best point and the heuristics at 2 x 16, the allocation's runs
+    assert best in {"sft-2", "sft-6", "sft-6-wide"}
+    assert {(r["method"], r["budget"]) for r in json.loads((tmp_path / "sc/headline-32/results.json").read_text())} == {
+        ("full", 32), ("h2o", 32), ("streamingllm", 32), ("foresight-sft", 32)}
+    head = json.loads((tmp_path / "report/headline.json").read_text())
+    assert head["best"] == best and set(head["allocated_runs"]) == {best, "sft-6", "sft-2"}
+    for rows in head["allocated_runs"].values():
+        assert {(r["method"], r["budget"]) for r in rows} == {("full", 7), ("full", 14), ("foresight-sft", 7),
+                                                              ("foresight-sft", 14)}
+    assert f"## The 2B headline at the best point: {best}" in md and "| 32 | " in md
+    assert "| sft-6 | 7 (8) | " in md and "| sft-6 | 14 (16) | " in md  # B' against the best heuristic at 2B
 
     def computed():  # the stored golden examples and the trained runs, with the time each file was last written
         files = [f for top in ("cache", *(f"sc/{name}" for name, _, _ in study.runs())) for f in (tmp_path / top).rglob("*")]
         return {f: f.stat().st_mtime_ns for f in files if f.is_file()}
 
-    def nothing_computed(*_, **__):
+    def nothing_computed(*_):
         raise AssertionError("a finished study computed again")
 
     before = computed()

@@ -228,7 +228,7 @@ def test_realbench_runs_end_to_end_and_resumes(tiny_model_dir, tmp_path, monkeyp
     stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "rb").glob("**/config.json")}
     assert len(stamps) == 3 + len(realbench.SFT_ABLATIONS)
 
-    def nothing_computed(*_, **__):
+    def nothing_computed(*_):
         raise AssertionError("a finished bench computed again")
 
     monkeypatch.setattr(sft, "rows_loss", nothing_computed)
