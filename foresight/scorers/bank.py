@@ -129,7 +129,7 @@ class ScorerBank(nn.Module):
 
         ``folded`` (training): the layer norm's scale and shift are folded into the first product's weights and bias,
         the same function up to rounding. The product's input then needs no gradient, so the backward computes one
-        product per (layer, KV head), the weights', instead of two (SFT's backward: about half its cost)."""
+        product per (layer, KV head), the weights', instead of two."""
         nl, b, h, n, d = x.shape
         x = nn.functional.layer_norm(x.float(), (self.d_in,))
         if folded:
