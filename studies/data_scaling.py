@@ -16,6 +16,8 @@ Stages, each skipped when its output is complete, each resuming inside itself af
                once under ``$FORESIGHT_CACHE`` for every run
 3. ``sft``     one SFT run per size (``OUT/sft-N``), then the wider scorer at the largest (``OUT/sft-N-wide``), each
                keeping its checkpoints' scorers (the largest size's after half its steps is evaluated too)
+   ``val``     each run's validation curve from those snapshots (:mod:`studies.scaling_convergence`): whether it
+               converged on the validation traces
 4. ``eval``    the heuristics and golden once (``OUT/eval-methods``), each scorer alone beside the full cache
                (``OUT/eval-sft-N``): the same references, so every pair of rows is paired trace by trace
 5. ``headline`` the paper's claim at the best measured point (:mod:`studies.scaling_headline`): uniform budgets up to
@@ -39,7 +41,7 @@ from foresight.config.recipe import load_recipe
 from studies.realbench.run import banner, record_time, train, trained
 from studies.scaling_headline import ALLOCATED, ALLOCATION
 
-STAGES = ("traces", "golden", "sft", "eval", "headline", "report")
+STAGES = ("traces", "golden", "sft", "val", "eval", "headline", "report")
 # the heuristics within reach of the learned scorer on the 192 held-out references (docs/results/smollm2-135m/heldout192/:
 # H2O, R-KV, Knorm, KeyDiff and random lie 0.08-1.5 above it there), golden eviction and the full cache
 HEURISTICS = "full,golden,random-keep-prompt,streamingllm,tova,snapkv,scissorhands"
@@ -112,6 +114,10 @@ def run(study: Scaling) -> dict:
             for name, _, sets in study.runs():
                 banner(f"sft {name}")
                 train("sft", study.recipe(*sets), traces, out / name)
+        elif stage == "val":
+            from studies.scaling_convergence import validation_curves
+
+            validation_curves(study)
         elif stage == "eval":
             evaluate(study)
         elif stage == "headline":

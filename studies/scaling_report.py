@@ -12,6 +12,7 @@ from pathlib import Path
 from foresight.runtime import atomic
 from studies.realbench.goals import paired_ci
 from studies.realbench.report import git_commit, machine
+from studies.scaling_convergence import convergence_lines, convergence_rows
 from studies.scaling_headline import headline_lines, headline_rows
 
 def _rows(folder: Path) -> list[dict]:
@@ -128,7 +129,8 @@ def cost_lines(study) -> list[str]:
         what = {"golden": f"golden examples of the largest size's {max(study.sizes)} training and {study.val} "
                           "validation traces", "eval": f"{study.problems} held-out references: the methods, then "
                                                        "every scorer",
-                "headline": "the heuristics and the best point at 2B, the allocation's runs"}.get(stage, "")
+                "headline": "the heuristics and the best point at 2B, the allocation's runs",
+                "val": "every run's validation curve from its snapshots"}.get(stage, "")
         if stage == "traces" and tp:
             what = (f"its last run: {tp.get('requests_this_run', '?')} prompts decoded, "
                     f"{tp.get('generated_tokens_this_run', '?')} new tokens, {tp.get('kept_this_run', '?')} traces "
@@ -149,6 +151,9 @@ def write_report(study) -> None:
     atomic.write_json(study.report / "results.json", {str(b): d for b, d in data.items()}, indent=1)
     if data:
         figure(data, study.report / "scaling.png")
+    converged = convergence_rows(study)
+    if converged:
+        atomic.write_json(study.report / "convergence.json", converged, indent=1)
     headline = headline_rows(study)
     if headline.get("allocated_runs"):
         atomic.write_json(study.report / "headline.json", headline, indent=1)
@@ -164,5 +169,5 @@ def write_report(study) -> None:
              "ratios on the same traces with its 95% bootstrap interval.", "", "![scaling](scaling.png)", ""]
     for budget in sorted(data):
         lines += budget_table(budget, data[budget], study.reference)
-    lines += headline_lines(study) + cost_lines(study)
+    lines += convergence_lines(study) + headline_lines(study) + cost_lines(study)
     (study.report / "README.md").write_text("\n".join(lines))

@@ -70,6 +70,12 @@ def test_the_study_runs_end_to_end_and_reports_every_size(tiny_model_dir, tmp_pa
     assert (tmp_path / "report/scaling.png").stat().st_size > 0 and "### B = 8" in md and "| sft-6-wide | 6 |" in md
     assert "Convergence at 6 traces: the finished run − the run after half its steps (paired): " in md
     assert "| golden |" in md and "| sft sft-6 |" in md  # the cost section
+    for name, _, _ in study.runs():  # the validation curve at every snapshot, its end the run's own validation
+        curve = json.loads((tmp_path / "sc" / name / "val_curve.json").read_text())
+        assert list(curve) == ["2", "4"] and all(len(v["lost_future"]) == 2 for v in curve.values())
+        metrics = json.loads((tmp_path / "sc" / name / "metrics.json").read_text())
+        assert abs(sum(curve["4"]["lost_future"]) / 2 - metrics["val_lost_future_ratio"]) < 1e-3
+    assert "## Convergence on the validation traces" in md and "| sft-6 | 6 | 2 → 4 | " in md
     best = headline.best_run(study)  # the headline: the best point and the heuristics at 2 x 16, the allocation's runs
     assert best in {"sft-2", "sft-6", "sft-6-wide"}
     assert {(r["method"], r["budget"]) for r in json.loads((tmp_path / "sc/headline-32/results.json").read_text())} == {

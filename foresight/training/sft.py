@@ -100,6 +100,20 @@ def lost_future_ratio(scored) -> float:
     return (sums[0] / sums[1].clamp(min=1e-12)).item()
 
 
+@torch.no_grad()
+def validation_scores(bank, groups, cfg) -> tuple[list, list]:
+    """SFT's validation on golden's states: for each trace's groups (one ``(interval, examples)`` per budget), per
+    budget (loss, per-layer recall), the pairs drawn as :func:`budgets_loss` does, and the lost-future ratio of the
+    same scored rows."""
+    per, lost = [], []
+    for trace_groups in groups:
+        gen = torch.Generator().manual_seed(0)
+        scored = [(k, example_rows(bank, ex)) for k, ex in trace_groups]
+        per.append([rows_loss(rows, cfg, k, gen) for k, rows in scored])
+        lost.append(lost_future_ratio(scored))
+    return per, lost
+
+
 # ------------------------------------------------------------------------------------------------ training
 def step_traces(cfg, train_idx: list[int], step: int) -> list[int]:
     """The training traces of SFT step ``step`` (``sft.batch_traces`` drawn with replacement, seeded by the step)."""
@@ -231,13 +245,7 @@ def train_sft(recipe, traces_dir, out, resume: bool = False, deepspeed_config=No
                "train_seconds_this_run": round(train_seconds, 1)}
     if val_idx:
         with torch.no_grad():  # on golden's states: comparable between runs, with or without sft.onpolicy
-            per = []  # per validation trace, per budget: (loss, per-layer recall), the pairs drawn as budgets_loss does
-            lost = []  # per validation trace: the lost-future ratio, from the same scored rows
-            for i in val_idx:
-                gen = torch.Generator().manual_seed(0)
-                scored = [(k, example_rows(bank, ex)) for k, ex in groups_for(i, own=False)]
-                per.append([rows_loss(rows, cfg, k, gen) for k, rows in scored])
-                lost.append(lost_future_ratio(scored))
+            per, lost = validation_scores(bank, (groups_for(i, own=False) for i in val_idx), cfg)
             vals = [(torch.stack([p[0] for p in t]).mean(), torch.stack([p[1] for p in t]).mean(0)) for t in per]
             if len(settings) > 1:  # each training budget's recall on its own
                 metrics["val_recall_at_L_per_budget"] = {

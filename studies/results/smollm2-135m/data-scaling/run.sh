@@ -6,4 +6,4 @@ set -e
 OUT=${SCALING_OUT:-runs/scaling}
 # a finished traces folder starts no server (with more prompts asked of it, run traces.sh itself)
 [ -f "$OUT/traces/dataset/state.json" ] || bash "$(dirname "$0")/traces.sh"
-.venv/bin/python -m studies.data_scaling --out "$OUT" --stages golden,sft,eval,headline,report
+.venv/bin/python -m studies.data_scaling --out "$OUT" --stages golden,sft,val,eval,headline,report
