@@ -121,7 +121,6 @@ def step_traces(cfg, train_idx: list[int], step: int) -> list[int]:
     return [rng.choice(train_idx) for _ in range(cfg.batch_traces)]
 
 
-
 def start_from(cfg, model, bank, log):
     """Load ``sft.init`` (or ``sft.onpolicy``, which starts from the scorer whose states it adds) into ``bank``;
     returns the loaded scorer, or None."""
