@@ -166,7 +166,11 @@ def write_report(study) -> None:
              f"Every run: the realbench recipe's scorer and SFT settings on the first N of one folder's training traces "
              f"(its last {study.val} traces validate every run), steps in proportion to N (at least 150); each "
              f"evaluated on the same {study.problems} held-out references. Paired columns: the difference of loss "
-             "ratios on the same traces with its 95% bootstrap interval.", "", "![scaling](scaling.png)", ""]
+             "ratios on the same traces with its 95% bootstrap interval.", "",
+             "The references are the realbench's held-out prompts with its sampling settings and seeds, generated in "
+             "the study's own cache: every row here (heuristics, golden, each scorer) is on the same references, but "
+             "references drawn in other generation batches differ in bfloat16, so these rows pair with each other, not "
+             "with other evaluations' rows.", "", "![scaling](scaling.png)", ""]
     for budget in sorted(data):
         lines += budget_table(budget, data[budget], study.reference)
     lines += convergence_lines(study) + headline_lines(study) + cost_lines(study)
