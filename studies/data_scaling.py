@@ -16,14 +16,14 @@ Stages, each skipped when its output is complete, each resuming inside itself af
                once under ``$FORESIGHT_CACHE`` for every run
 3. ``sft``     one SFT run per size (``OUT/sft-N``), then the wider scorer at the largest (``OUT/sft-N-wide``), each
                keeping its checkpoints' scorers (the largest size's after half its steps is evaluated too)
-   ``val``     each run's validation curve from those snapshots (:mod:`studies.scaling_convergence`): whether it
+4. ``val``     each run's validation curve from those snapshots (:mod:`studies.scaling_convergence`): whether it
                converged on the validation traces
-4. ``eval``    the heuristics and golden once (``OUT/eval-methods``), each scorer alone beside the full cache
+5. ``eval``    the heuristics and golden once (``OUT/eval-methods``), each scorer alone beside the full cache
                (``OUT/eval-sft-N``): the same references, so every pair of rows is paired trace by trace
-5. ``headline`` the paper's claim at the best measured point (:mod:`studies.scaling_headline`): uniform budgets up to
+6. ``headline`` the paper's claim at the best measured point (:mod:`studies.scaling_headline`): uniform budgets up to
                512 against every heuristic, and the recommended allocation at B' = 114 / 242 against the best
                heuristic at 2B
-6. ``report``  ``REPORT/README.md``, ``REPORT/results.json`` and ``REPORT/scaling.png``
+7. ``report``  ``REPORT/README.md``, ``REPORT/results.json`` and ``REPORT/scaling.png``
 
     python -m studies.data_scaling --out runs/scaling --report docs/results/smollm2-135m/data-scaling
 """

@@ -15,6 +15,7 @@ from studies.realbench.report import git_commit, machine
 from studies.scaling_convergence import convergence_lines, convergence_rows
 from studies.scaling_headline import headline_lines, headline_rows
 
+
 def _rows(folder: Path) -> list[dict]:
     f = folder / "results.json"
     return json.loads(f.read_text()) if f.exists() else []
