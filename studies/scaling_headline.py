@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from foresight.config.recipe import parse_budgets
 from studies.realbench.goals import paired_ci
 from studies.realbench.run import banner, trained
 
@@ -26,7 +27,7 @@ ALLOCATED = "114,242"  # B' for each of the study's budgets (128, 256): at most 
 
 
 def budgets(study) -> list[tuple[int, int]]:
-    return [(int(b), int(k)) for b, k in (x.split(":") for x in study.budgets.split(","))]
+    return parse_budgets(study.budgets)
 
 
 def top(study) -> int:
@@ -42,13 +43,14 @@ def allocated(study) -> dict[int, int]:
     return {b: a for (b, _), a in zip(budgets(study), alloc)}
 
 
-def _rows(folder: Path) -> list[dict]:
+def result_rows(folder: Path) -> list[dict]:
+    """An evaluation folder's rows (none before it ran)."""
     f = folder / "results.json"
     return json.loads(f.read_text()) if f.exists() else []
 
 
 def _scorer_rows(folder: Path) -> dict[int, dict]:
-    return {r["budget"]: r for r in _rows(folder) if r["method"] != "full"}
+    return {r["budget"]: r for r in result_rows(folder) if r["method"] != "full"}
 
 
 def best_run(study) -> str | None:
@@ -100,7 +102,8 @@ def _pair(a: dict, b: dict) -> str:
     return f"{d:+.4f}" + (f" [{ci[0]:+.4f}, {ci[1]:+.4f}]" if ci else "") + f" ({_verdict(ci)})"
 
 
-def _interval(row: dict) -> str:
+def interval(row: dict) -> str:
+    """A row's loss ratio with its 95% interval."""
     ci = row.get("loss_ratio_ci")
     return f"{row['loss_ratio']:.4f}" + (f" [{ci[0]:.4f}, {ci[1]:.4f}]" if ci else "")
 
@@ -109,7 +112,7 @@ def heuristic_rows(study) -> dict[int, dict[str, dict]]:
     """{B: {heuristic: row}} at the study's budgets and at twice the largest (no full, no golden, no scorer)."""
     out: dict[int, dict[str, dict]] = {}
     for folder in (study.out / "eval-methods", study.out / f"headline-{top(study)}"):
-        for r in _rows(folder):
+        for r in result_rows(folder):
             if r["method"] not in ("full", "golden") and not r["method"].startswith("foresight"):
                 out.setdefault(r["budget"], {})[r["method"]] = r
     return out
@@ -120,9 +123,9 @@ def headline_rows(study) -> dict:
     best = best_run(study)
     if best is None:
         return {}
-    return {"best": best, f"uniform_{top(study)}": _rows(study.out / f"headline-{top(study)}"),
+    return {"best": best, f"uniform_{top(study)}": result_rows(study.out / f"headline-{top(study)}"),
             "allocation": list(study.allocation), "allocated": allocated(study),
-            "allocated_runs": {n: _rows(study.out / f"headline-alloc-{n}") for n in allocated_runs(study, best)}}
+            "allocated_runs": {n: result_rows(study.out / f"headline-alloc-{n}") for n in allocated_runs(study, best)}}
 
 
 def headline_lines(study) -> list[str]:
@@ -141,7 +144,7 @@ def headline_lines(study) -> list[str]:
              "| B | the scorer [95%] | heuristic | its loss ratio | scorer − heuristic (paired) |", "|---:|---|---|---|---|"]
     for b in sorted(uniform):
         for m, r in sorted(heur.get(b, {}).items(), key=lambda kv: kv[1]["loss_ratio"]):
-            lines.append(f"| {b} | {_interval(uniform[b])} | {m} | {_interval(r)} | {_pair(uniform[b], r)} |")
+            lines.append(f"| {b} | {interval(uniform[b])} | {m} | {interval(r)} | {_pair(uniform[b], r)} |")
     lines += ["", f"### With the allocation ({', '.join(study.allocation)}) at the memory of B, against the best heuristic "
               "at 2B (uniform)", "",
               "| run | B' (memory of B) | loss ratio [95%] · mean cache | best heuristic at 2B · mean cache | − it (paired) "
@@ -154,7 +157,7 @@ def headline_lines(study) -> list[str]:
                 continue
             h = min(at2b.values(), key=lambda r: r["loss_ratio"])
             vs_plain = _pair(row, plain[b]) if b in plain else "—"
-            lines.append(f"| {name} | {b_alloc} ({b}) | {_interval(row)} · {row.get('mean_cache', '—')} | "
-                         f"{h['method']} at {2 * b}: {_interval(h)} · {h.get('mean_cache', '—')} | {_pair(row, h)} | "
+            lines.append(f"| {name} | {b_alloc} ({b}) | {interval(row)} · {row.get('mean_cache', '—')} | "
+                         f"{h['method']} at {2 * b}: {interval(h)} · {h.get('mean_cache', '—')} | {_pair(row, h)} | "
                          f"{vs_plain} |")
     return lines + [""]

@@ -13,23 +13,18 @@ from foresight.runtime import atomic
 from studies.realbench.goals import paired_ci
 from studies.realbench.report import git_commit, machine
 from studies.scaling_convergence import convergence_lines, convergence_rows
-from studies.scaling_headline import headline_lines, headline_rows
-
-
-def _rows(folder: Path) -> list[dict]:
-    f = folder / "results.json"
-    return json.loads(f.read_text()) if f.exists() else []
+from studies.scaling_headline import headline_lines, headline_rows, interval, result_rows
 
 
 def collect(study) -> dict:
     """{budget: {"methods": {name: row}, "sizes": [(run, traces, row, metrics)]}} from the study's evaluations."""
     out: dict[int, dict] = {}
-    for row in _rows(study.out / "eval-methods"):
+    for row in result_rows(study.out / "eval-methods"):
         out.setdefault(row["budget"], {"methods": {}, "sizes": []})["methods"][row["method"]] = row
     for name, n, folder in [(name, n, study.out / name) for name, n, _ in study.runs()] + study.convergence():
         metrics_file = folder / "metrics.json"
         metrics = json.loads(metrics_file.read_text()) if metrics_file.exists() else {}
-        for row in _rows(study.out / f"eval-{name}"):
+        for row in result_rows(study.out / f"eval-{name}"):
             if row["method"] != "full":
                 out.setdefault(row["budget"], {"methods": {}, "sizes": []})["sizes"].append((name, n, row, metrics))
     return out
@@ -46,24 +41,19 @@ def _cell(value, ci, nd: int = 4) -> str:
     return f"{value:.{nd}f}" + (f" [{ci[0]:+.{nd}f}, {ci[1]:+.{nd}f}]" if ci else "")
 
 
-def _interval(row: dict) -> str:
-    ci = row.get("loss_ratio_ci")
-    return f"{row['loss_ratio']:.4f}" + (f" [{ci[0]:.4f}, {ci[1]:.4f}]" if ci else "")
-
-
 def budget_table(budget: int, data: dict, reference: int) -> list[str]:
     ref = next((r for name, n, r, _ in data["sizes"] if n == reference and not name.endswith(("wide", "half"))), None)
     best = best_heuristic(data["methods"])
-    head = f"Best heuristic: {best['method']} {_interval(best)}" if best else "No heuristic rows"
+    head = f"Best heuristic: {best['method']} {interval(best)}" if best else "No heuristic rows"
     if "golden" in data["methods"]:
-        head += f"; golden: {_interval(data['methods']['golden'])}"
+        head += f"; golden: {interval(data['methods']['golden'])}"
     lines = [f"### B = {budget}", "", head + ".", "",
              f"| run | training traces | loss ratio [95%] | − {reference} traces (paired) | − best heuristic (paired) | "
              "val recall@L | val loss |", "|---|---:|---|---|---|---:|---:|"]
     for name, n, row, metrics in data["sizes"]:
         vs_ref = paired_ci(row, ref) if ref is not None and row is not ref else None
         vs_best = paired_ci(row, best) if best is not None else None
-        lines.append(f"| {name} | {n} | {_interval(row)} | {_cell(_diff(row, ref), vs_ref)} | "
+        lines.append(f"| {name} | {n} | {interval(row)} | {_cell(_diff(row, ref), vs_ref)} | "
                      f"{_cell(_diff(row, best), vs_best)} | {metrics.get('val_recall_at_L', '—')} | "
                      f"{metrics.get('val_loss', '—')} |")
     lines.append("")
