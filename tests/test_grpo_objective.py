@@ -147,3 +147,45 @@ def test_per_draw_ratios_clip_what_the_per_set_ratio_lets_through():
     loss.backward()
     assert st["clip_frac"] == 4 / L
     assert (y.grad[0, :4] == 0).all() and (y.grad[0, 4:] < 0).all()  # clipped draws carry no gradient
+
+
+def test_the_objective_trains_the_folded_bank_with_the_unfolded_bank_s_loss_and_gradients(qwen3, monkeypatch):
+    """step_objective runs the trained bank folded (layer norm folded into the first product): the same loss and the
+    same weight gradients as the inference form, up to rounding."""
+    from foresight.config.eviction import EvictionSettings
+    from foresight.config.recipe import GRPOConfig
+    from foresight.scorers.bank import ScorerBank, bank_for_model
+    from foresight.training.grpo.objective import step_objective
+    from foresight.training.grpo.rollout import GroupSampling, group_rollout
+
+    bank, ref = bank_for_model(qwen3, hidden=8, seed=1), bank_for_model(qwen3, hidden=8, seed=2)
+    with torch.no_grad():  # a layer norm away from the identity, so that folding it changes the product
+        bank.ln_w.mul_(1.5).add_(0.1 * torch.randn_like(bank.ln_w))
+        bank.ln_b.add_(0.1 * torch.randn_like(bank.ln_b))
+    cfg = GRPOConfig(group=4, temperature=0.5)
+    _, steps, _ = group_rollout(qwen3, bank, torch.randint(8, 170, (1, 90)), GroupSampling.from_grpo(cfg),
+                                EvictionSettings(budget=24, interval=8), torch.Generator().manual_seed(0), prompt_len=0)
+    adv = torch.tensor([1.0, -0.5, 0.25, -0.75])
+
+    def loss_and_grads():
+        bank.zero_grad()
+        loss = sum(step_objective(bank, ref, s, adv, cfg)[0] for s in steps)
+        loss.backward()
+        return loss.detach(), {k: p.grad.clone() for k, p in bank.named_parameters()}
+
+    plain, asked = ScorerBank.forward_layers, []
+
+    def recorded(self, layers, x, precision="float32", folded=False):
+        asked.append(folded)
+        return plain(self, layers, x, precision, folded and self is bank)
+
+    monkeypatch.setattr(ScorerBank, "forward_layers", recorded)
+    folded = loss_and_grads()
+    assert asked and all(asked[::2]) and not any(asked[1::2])  # the trained bank folded, the reference not
+    plain_only = lambda self, layers, x, precision="float32", folded=False: plain(self, layers, x, precision, False)
+    monkeypatch.setattr(ScorerBank, "forward_layers", plain_only)
+    unfolded = loss_and_grads()
+    assert torch.allclose(folded[0], unfolded[0], rtol=1e-5, atol=1e-6)
+    for k, g in unfolded[1].items():
+        assert g.abs().max() > 0, k
+        assert torch.allclose(folded[1][k], g, rtol=1e-4, atol=1e-6), k

@@ -46,8 +46,10 @@ def action_logprob(scores, win, evictable, pos, temperature: float, ratio: str) 
 
 
 def step_objective(bank, ref, s: dict, adv: torch.Tensor, grpo_cfg):
-    """One recorded step's clipped objective with KL to ``ref``, and its KL and clip fraction (as tensors)."""
-    phi = bank(s["x"])
+    """One recorded step's clipped objective with KL to ``ref``, and its KL and clip fraction (as tensors). The trained
+    bank runs folded (:meth:`foresight.scorers.bank.ScorerBank.forward_layers`): its backward needs only the weights'
+    gradients."""
+    phi = bank(s["x"], folded=True)
     with torch.no_grad():
         phi_ref = ref(s["x"])
     args = (s["win"], s["evictable"], s["pos"], grpo_cfg.temperature, grpo_cfg.ratio)
