@@ -14,10 +14,11 @@ Stages, each skipped when its output is complete, each resuming inside itself af
 1. ``traces``  ``foresight traces`` (``--set traces.engine=openai --set traces.base_url=...`` to decode through vLLM)
 2. ``golden``  the golden examples of every training and validation trace (``sft.example_steps`` per trace), stored
                once under ``$FORESIGHT_CACHE`` for every run
-3. ``sft``     one SFT run per size (``OUT/sft-N``), then the wider scorer at the largest (``OUT/sft-N-wide``), each
-               keeping its checkpoints' scorers (the largest size's after half its steps is evaluated too)
+3. ``sft``     one SFT run per size (``OUT/sft-N``); the reference size at the largest size's steps
+               (``OUT/sft-R-stepsS``: the steps' share of the curve, apart from the data's); the wider scorer at the
+               largest size (``OUT/sft-N-wide``); each keeping its checkpoints' scorers
 4. ``val``     each run's validation curve from those snapshots (:mod:`studies.scaling_convergence`): whether it
-               converged on the validation traces
+               was still learning at its end
 5. ``eval``    the heuristics and golden once (``OUT/eval-methods``), each scorer alone beside the full cache
                (``OUT/eval-sft-N``): the same references, so every pair of rows is paired trace by trace
 6. ``headline`` the paper's claim at the best measured point (:mod:`studies.scaling_headline`): uniform budgets up to
@@ -47,7 +48,7 @@ STAGES = ("traces", "golden", "sft", "val", "eval", "headline", "report")
 HEURISTICS = "full,golden,random-keep-prompt,streamingllm,tova,snapkv,scissorhands"
 
 
-def steps_for(n: int, base_steps: int = 300, base_traces: int = 264) -> int:
+def steps_for(n: int, base_steps: int, base_traces: int) -> int:
     """SFT steps for ``n`` training traces: ``base_steps`` at ``base_traces`` (the recipe's), the same passes over the
     data at every size, and at least half of ``base_steps``."""
     return max(base_steps // 2, round(base_steps * n / base_traces))
@@ -71,6 +72,7 @@ class Scaling:
     allocation: tuple[str, ...] = ALLOCATION  # the headline's budget allocation: recipe overrides
     allocated: str = ALLOCATED  # its B' for each of the budgets
     reference: int = 264  # the size every point is paired against (the shipped scorer's data)
+    base_traces: int = 264  # the training traces the recipe's sft.steps are for (steps_for)
 
     def recipe(self, *extra: str):
         base = [f"traces.num_prompts={max(self.sizes) + self.val}", f"sft.val_traces={self.val}",
@@ -78,22 +80,20 @@ class Scaling:
         return load_recipe(self.recipe_path, base + list(self.overrides) + list(extra))
 
     def runs(self) -> list[tuple[str, int, list[str]]]:
-        """(folder name, training traces, overrides) of every SFT run, smallest first, the wider scorer last."""
-        steps = self.recipe().sft.steps
-        out = [(f"sft-{n}", n, [f"sft.train_traces={n}", f"sft.steps={steps_for(n, steps)}", "sft.snapshots=true"])
-               for n in self.sizes]
-        top = max(self.sizes)
-        return out + [(f"sft-{top}-wide", top, [f"sft.train_traces={top}", f"sft.steps={steps_for(top, steps)}",
-                                                "sft.snapshots=true", self.wide])]
+        """(folder name, training traces, overrides) of every SFT run: the sizes smallest first (``sft-N``, the
+        curve), then the reference size at the largest size's steps (``sft-R-stepsS``: steps grow with the data, so
+        this run tells the steps' share of the curve from the data's; none when the steps are the same), then the
+        wider scorer at the largest size (``sft-N-wide``)."""
+        base = self.recipe().sft.steps
+        top, steps = max(self.sizes), {n: steps_for(n, base, self.base_traces) for n in self.sizes}
 
-    def convergence(self) -> list[tuple[str, int, Path]]:
-        """(name, training traces, checkpoint) of the largest size's scorer after half its steps (its snapshot at the
-        checkpoint nearest below): evaluated like every run, paired against the finished one, it says whether the
-        largest size trained to convergence."""
-        recipe, top = self.recipe(), max(self.sizes)
-        every = recipe.sft.ckpt_every
-        half = steps_for(top, recipe.sft.steps) // 2 // every * every
-        return [(f"sft-{top}-half", top, self.out / f"sft-{top}" / "steps" / f"step-{half:06d}")] if half else []
+        def sft_run(name: str, n: int, k: int, *extra: str) -> tuple[str, int, list[str]]:
+            return name, n, [f"sft.train_traces={n}", f"sft.steps={k}", "sft.snapshots=true", *extra]
+
+        out = [sft_run(f"sft-{n}", n, steps[n]) for n in self.sizes]
+        if self.reference in steps and steps[self.reference] != steps[top]:
+            out.append(sft_run(f"sft-{self.reference}-steps{steps[top]}", self.reference, steps[top]))
+        return out + [sft_run(f"sft-{top}-wide", top, steps[top], self.wide)]
 
 
 def run(study: Scaling) -> dict:
@@ -153,7 +153,6 @@ def evaluate(study: Scaling) -> None:
     recipe = study.recipe("eval.recall=false")
     run_eval(recipe, study.out / "eval-methods", methods=study.methods, budgets=study.budgets)
     scorers = [(name, study.out / name) for name, _, _ in study.runs() if trained(study.out / name)]
-    scorers += [(name, path) for name, _, path in study.convergence() if (path / "config.json").exists()]
     for name, path in scorers:
         banner(f"eval {name}")
         run_eval(recipe, study.out / f"eval-{name}", methods="full", budgets=study.budgets, scorers=[path])

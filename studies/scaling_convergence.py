@@ -3,7 +3,7 @@ its validation traces: SFT's own validation (the lost-future ratio and the hinge
 study's validation traces, :func:`foresight.training.sft.validation_scores`) at every snapshot the run kept, stored
 per trace in ``OUT/<run>/val_curve.json`` (a killed stage keeps the steps it finished). The report pairs the finished
 run against its snapshot at half its steps over the same traces: a difference whose interval lies below 0 means the
-run was still learning in its second half."""
+run was still learning in its second half (under a cosine schedule, partly the learning rate's decay)."""
 
 from __future__ import annotations
 
@@ -84,7 +84,10 @@ def convergence_lines(study) -> list[str]:
     lines = ["## Convergence on the validation traces", "",
              f"SFT's own validation on the study's {study.val} validation traces (golden's states), at the run's "
              "snapshot nearest half its steps and at its end; end − half paired over the same traces (95% bootstrap "
-             "interval). *Still falling*: an interval lies below 0, so the run had not converged; *rising*: one lies above 0.",
+             "interval). *Still falling*: an interval lies below 0; *rising*: one lies above 0. The learning rate "
+             "decays over each run's own steps (cosine), so a fall in the second half is partly the decay's: the steps' "
+             "control above (the same data, the largest size's steps, on the held-out references) is the direct test "
+             "of whether a run had converged.",
              "",
              "| run | traces | steps | lost-future ratio: half → end | end − half (paired) | hinge loss: half → end | "
              "end − half (paired) | verdict |", "|---|---:|---:|---|---|---|---|---|"]

@@ -1,8 +1,8 @@
 """The data-scaling study's headline check (:mod:`studies.data_scaling`, stage ``headline``): the paper's claim, the
 learned scorer at B at or below the best heuristic at 2B, at the study's best measured point.
 
-* the best point: the curve's run (any size, or the wider scorer) with the lowest mean held-out loss ratio over the
-  study's budgets. It is chosen on the same references it is then reported on, which the report says;
+* the best point: the study's run (any size, the steps' control or the wider scorer) with the lowest mean held-out
+  loss ratio over the study's budgets. It is chosen on the same references it is then reported on, which the report says;
 * uniform budgets: the heuristics and that scorer at twice the largest budget as well (``OUT/headline-<2B>``: 512
   for the study's 128 and 256), so the scorer is paired against every heuristic at 128, 256 and 512;
 * an allocation (``Scaling.allocation``; by default the one ``foresight heads`` recommends for SmolLM2-135M: layers
@@ -54,7 +54,7 @@ def _scorer_rows(folder: Path) -> dict[int, dict]:
 
 
 def best_run(study) -> str | None:
-    """The run (not the half-step snapshot) with the lowest mean held-out loss ratio over the study's budgets, among
+    """The run (any size, the steps' control or the wider scorer) with the lowest mean held-out loss ratio over the study's budgets, among
     those evaluated at every one of them."""
     bs = [b for b, _ in budgets(study)]
     means = {}

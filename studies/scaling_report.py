@@ -21,8 +21,8 @@ def collect(study) -> dict:
     out: dict[int, dict] = {}
     for row in result_rows(study.out / "eval-methods"):
         out.setdefault(row["budget"], {"methods": {}, "sizes": []})["methods"][row["method"]] = row
-    for name, n, folder in [(name, n, study.out / name) for name, n, _ in study.runs()] + study.convergence():
-        metrics_file = folder / "metrics.json"
+    for name, n, _ in study.runs():
+        metrics_file = study.out / name / "metrics.json"
         metrics = json.loads(metrics_file.read_text()) if metrics_file.exists() else {}
         for row in result_rows(study.out / f"eval-{name}"):
             if row["method"] != "full":
@@ -41,8 +41,13 @@ def _cell(value, ci, nd: int = 4) -> str:
     return f"{value:.{nd}f}" + (f" [{ci[0]:+.{nd}f}, {ci[1]:+.{nd}f}]" if ci else "")
 
 
+def on_curve(name: str, n: int) -> bool:
+    """Whether a run is one of the curve's sizes (``sft-N``), not the wider scorer or the steps' control."""
+    return name == f"sft-{n}"
+
+
 def budget_table(budget: int, data: dict, reference: int) -> list[str]:
-    ref = next((r for name, n, r, _ in data["sizes"] if n == reference and not name.endswith(("wide", "half"))), None)
+    ref = next((r for name, n, r, _ in data["sizes"] if n == reference and on_curve(name, n)), None)
     best = best_heuristic(data["methods"])
     head = f"Best heuristic: {best['method']} {interval(best)}" if best else "No heuristic rows"
     if "golden" in data["methods"]:
@@ -56,15 +61,29 @@ def budget_table(budget: int, data: dict, reference: int) -> list[str]:
         lines.append(f"| {name} | {n} | {interval(row)} | {_cell(_diff(row, ref), vs_ref)} | "
                      f"{_cell(_diff(row, best), vs_best)} | {metrics.get('val_recall_at_L', '—')} | "
                      f"{metrics.get('val_loss', '—')} |")
-    lines.append("")
-    for name, n, row, _ in data["sizes"]:  # the largest size after half its steps, against the finished run
-        if not name.endswith("-half"):
+    return lines + [""] + contrast_lines(data["sizes"]) + [""]
+
+
+def contrast_lines(sizes: list) -> list[str]:
+    """The steps' control against the reference size (more steps, the same data) and against the largest size (more
+    data, the same steps), and the wider scorer against the largest size; each paired."""
+    runs = {name: (n, row, metrics) for name, n, row, metrics in sizes}
+    top = max((n for name, n, _, _ in sizes if on_curve(name, n)), default=None)
+    lines = []
+
+    def contrast(text: str, a: str, b: str) -> None:
+        if a in runs and b in runs:
+            ra, rb = runs[a][1], runs[b][1]
+            lines.append(f"{text}: {a} − {b} (paired): {_cell(_diff(ra, rb), paired_ci(ra, rb))}.")
+
+    for name, (n, _, metrics) in runs.items():
+        if on_curve(name, n) or name.endswith("-wide"):
             continue
-        done = next((r for m, _, r, _ in data["sizes"] if m == name.removesuffix("-half")), None)
-        if done is not None:
-            lines.append(f"Convergence at {n} traces: the finished run − the run after half its steps (paired): "
-                         f"{_cell(_diff(done, row), paired_ci(done, row))}.")
-    return lines + [""]
+        steps, base = metrics.get("steps"), runs.get(f"sft-{n}", (None, None, {}))[2].get("steps")
+        contrast(f"More steps at {n} traces ({steps} against {base})", name, f"sft-{n}")
+        contrast(f"More data at {steps} steps ({top} traces against {n})", f"sft-{top}", name)
+    contrast(f"A wider scorer at {top} traces", f"sft-{top}-wide", f"sft-{top}")
+    return lines
 
 
 def _diff(a: dict, b: dict | None):
@@ -79,18 +98,18 @@ def figure(data: dict, path: Path) -> None:
 
     fig, axes = plt.subplots(1, len(data), figsize=(5.5 * len(data), 4), squeeze=False)
     for ax, (budget, d) in zip(axes[0], sorted(data.items())):
-        pts = sorted((n, r) for name, n, r, _ in d["sizes"] if not name.endswith(("wide", "half")))
+        pts = sorted((n, r) for name, n, r, _ in d["sizes"] if on_curve(name, n))
         if pts:
             xs = [n for n, _ in pts]
             ax.plot(xs, [r["loss_ratio"] for _, r in pts], "o-", color="C0", label="learned scorer (SFT)")
             if all(r.get("loss_ratio_ci") for _, r in pts):
                 ax.fill_between(xs, [r["loss_ratio_ci"][0] for _, r in pts], [r["loss_ratio_ci"][1] for _, r in pts],
                                 color="C0", alpha=0.2)
-        for name, n, r, _ in d["sizes"]:
-            if name.endswith(("wide", "half")):
+        for name, n, r, metrics in d["sizes"]:
+            if not on_curve(name, n):
                 wide = name.endswith("wide")
-                ax.errorbar([n], [r["loss_ratio"]], fmt="s" if wide else "v", color="C3" if wide else "C2",
-                            label="wider scorer" if wide else "half the steps",
+                ax.errorbar([n], [r["loss_ratio"]], fmt="s" if wide else "^", color="C3" if wide else "C2",
+                            label="wider scorer" if wide else f"{n} traces, {metrics.get('steps')} steps",
                             yerr=[[r["loss_ratio"] - r["loss_ratio_ci"][0]], [r["loss_ratio_ci"][1] - r["loss_ratio"]]]
                             if r.get("loss_ratio_ci") else None)
         best = best_heuristic(d["methods"])
@@ -155,7 +174,9 @@ def write_report(study) -> None:
              f"- **Commit:** {git_commit()}", f"- **Date:** {datetime.date.today().isoformat()}",
              f"- **Machine:** {machine()}", "",
              f"Every run: the realbench recipe's scorer and SFT settings on the first N of one folder's training traces "
-             f"(its last {study.val} traces validate every run), steps in proportion to N (at least 150); each "
+             f"(its last {study.val} traces validate every run), steps in proportion to N (at least half the recipe's); "
+             f"the {study.reference}-trace size again at the largest size's steps, which separates the steps' share of "
+             "the curve from the data's; each "
              f"evaluated on the same {study.problems} held-out references. Paired columns: the difference of loss "
              "ratios on the same traces with its 95% bootstrap interval.", "",
              "The references are the realbench's held-out prompts with its sampling settings and seeds, generated in "
