@@ -52,9 +52,12 @@ def test_more_prompts_extend_the_data_without_skipping_any(tiny_model_dir, tmp_p
     assert load_traces(out)["prompt_index"] == [0, 1, 2, 3]
     again = json.loads((out / "meta.json").read_text())
     assert again["num_traces"] == 4 and meta["throughput"]["traces_per_minute"] > 0
-    traces.make_traces(recipe_for(tiny_model_dir, **{"traces.num_prompts": 4}), out, progress=False,
-                       log=lambda *_: None)  # finished: a rerun keeps the measured throughput
-    assert json.loads((out / "meta.json").read_text())["throughput"] == again["throughput"]
+    written = {f: f.stat().st_mtime_ns for f in out.rglob("*") if f.is_file()}
+    summary = traces.make_traces(recipe_for(tiny_model_dir, **{"traces.num_prompts": 4}), out, progress=False,
+                                 log=lambda *_: None)  # finished: a rerun keeps the folder, its measured throughput too
+    assert summary["kept_this_run"] == 0 and summary["num_traces"] == 4
+    assert {f: f.stat().st_mtime_ns for f in out.rglob("*") if f.is_file()} == written
+    assert json.loads((out / "meta.json").read_text()) == again
 
 
 def test_traces_resume_after_interruption(tiny_model_dir, tmp_path):

@@ -86,12 +86,18 @@ def make_traces(recipe, out: Path, progress: bool = True, log=print) -> dict:
         check_out_dir(out, recipe)
     parts = out / "parts"
     parts.mkdir(exist_ok=True)
-    device = distributed.local_device(recipe.model.device)
-    model, tok = load_model(recipe.model, device=str(device))
     traces_cfg = recipe.traces
     if traces_cfg.num_prompts <= 0:
         raise ValueError(f"traces.num_prompts must be > 0, got {traces_cfg.num_prompts}")
     n_batches = (traces_cfg.num_prompts + traces_cfg.batch_size - 1) // traces_cfg.batch_size
+    done = finished(out, traces_cfg, n_batches)
+    if done is not None:  # nothing to decode, score or merge: the folder (its dataset and meta.json) stays as it is
+        log(f"[traces] {out}: finished ({done['num_traces']} traces of {traces_cfg.num_prompts} prompts)")
+        return {"kept_this_run": 0, "generated_tokens_this_run": 0, "seconds_this_run": 0.0,
+                **({"requests_this_run": 0} if traces_cfg.engine == "openai" else {}),
+                "num_traces": done["num_traces"], "length": done["length"]}
+    device = distributed.local_device(recipe.model.device)
+    model, tok = load_model(recipe.model, device=str(device))
     mine = [i for i in range(n_batches) if i % world == rank]
     todo = [i for i in mine if not part_file(out, traces_cfg, i).exists()]
     if len(todo) < len(mine):
@@ -182,6 +188,19 @@ def keep_and_score(task, traces_cfg, model, tok, batch: list, rows: list, news: 
             "token_entropy": [round(x, 6) for x in full.token_entropy[0].tolist()],
         })
     return records, n_new
+
+
+def finished(out: Path, traces_cfg, n_batches: int) -> dict | None:
+    """The folder's meta.json when its published dataset holds every batch: every part file exists, none is newer
+    than the dataset, and it was merged for the same number of prompts; None otherwise."""
+    state, meta_file = out / "dataset" / "state.json", out / "meta.json"
+    files = [part_file(out, traces_cfg, bi) for bi in range(n_batches)]
+    if not (state.exists() and meta_file.exists() and all(f.exists() for f in files)):
+        return None
+    meta = json.loads(meta_file.read_text())
+    if meta.get("num_prompts") != traces_cfg.num_prompts or "num_traces" not in meta:
+        return None
+    return meta if max(f.stat().st_mtime for f in files) <= state.stat().st_mtime else None
 
 
 def part_file(out: Path, traces_cfg, bi: int) -> Path:
