@@ -62,7 +62,7 @@ def convergence_rows(study) -> list[dict]:
     rows = []
     for name, n, _ in study.runs():
         path = study.out / name / CURVE
-        if not path.exists():
+        if not path.exists() or not trained(study.out / name):  # a run still training has no end yet
             continue
         curve = {int(k): v for k, v in json.loads(path.read_text()).items()}
         end = max(curve)

@@ -12,6 +12,7 @@ from pathlib import Path
 from foresight.runtime import atomic
 from studies.realbench.goals import paired_ci
 from studies.realbench.report import git_commit, machine
+from studies.realbench.run import trained
 from studies.scaling_convergence import convergence_lines, convergence_rows
 from studies.scaling_headline import headline_lines, headline_rows, interval, result_rows
 
@@ -155,6 +156,20 @@ def cost_lines(study) -> list[str]:
     return lines + [""]
 
 
+def coverage_lines(study, data: dict) -> list[str]:
+    """What the report does not hold yet (a study still running): the runs not trained, not evaluated at every
+    budget, and the methods' evaluation; nothing once the study is complete."""
+    budgets = {int(b.split(":")[0]) for b in study.budgets.split(",")}
+    untrained = [name for name, _, _ in study.runs() if not trained(study.out / name)]
+    unevaluated = [name for name, _, _ in study.runs() if name not in untrained and not all(
+        any(r[0] == name for r in data.get(b, {}).get("sizes", [])) for b in budgets)]
+    missing = [f"not trained yet: {', '.join(untrained)}"] if untrained else []
+    missing += [f"not evaluated yet: {', '.join(unevaluated)}"] if unevaluated else []
+    if not all(data.get(b, {}).get("methods") for b in budgets):
+        missing.append("the heuristics and golden are not evaluated yet")
+    return [f"**Incomplete:** {'; '.join(missing)}. Rerun the command: every stage resumes.", ""] if missing else []
+
+
 def write_report(study) -> None:
     data = collect(study)
     study.report.mkdir(parents=True, exist_ok=True)
@@ -167,8 +182,8 @@ def write_report(study) -> None:
     headline = headline_rows(study)
     if headline.get("allocated_runs"):
         atomic.write_json(study.report / "headline.json", headline, indent=1)
-    sizes = ", ".join(str(n) for n in study.sizes)
-    lines = ["# How far data takes the scorer: SFT on 66 to 1,056 SmolLM2 traces", "",
+    sizes = ",".join(str(n) for n in study.sizes)
+    lines = [f"# How far data takes the scorer: SFT on {min(study.sizes):,} to {max(study.sizes):,} training traces", "",
              f"- **Command:** `python -m studies.data_scaling --out {study.out} --report {study.report} --sizes {sizes}"
              f" --val {study.val} --problems {study.problems} --budgets {study.budgets}`",
              f"- **Commit:** {git_commit()}", f"- **Date:** {datetime.date.today().isoformat()}",
@@ -182,7 +197,8 @@ def write_report(study) -> None:
              "The references are the realbench's held-out prompts with its sampling settings and seeds, generated in "
              "the study's own cache: every row here (heuristics, golden, each scorer) is on the same references, but "
              "references drawn in other generation batches differ in bfloat16, so these rows pair with each other, not "
-             "with other evaluations' rows.", "", "![scaling](scaling.png)", ""]
+             "with other evaluations' rows.", ""] + coverage_lines(study, data) + (
+                ["![scaling](scaling.png)", ""] if data else [])
     for budget in sorted(data):
         lines += budget_table(budget, data[budget], study.reference)
     lines += convergence_lines(study) + headline_lines(study) + cost_lines(study)

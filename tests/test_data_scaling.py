@@ -34,6 +34,19 @@ def test_the_runs_add_the_reference_size_at_the_largest_size_s_steps_and_the_wid
     assert [name for name, _, _ in same.runs()] == ["sft-66", "sft-132", "sft-132-wide"]  # equal steps: no control
 
 
+def test_a_report_of_a_study_still_running_says_what_it_lacks(tmp_path):
+    from studies.scaling_report import write_report
+
+    study = data_scaling.Scaling(ROOT / "recipes/smollm2-135m-realbench.yaml", (), tmp_path / "out", tmp_path / "rep",
+                                 sizes=(66, 132))
+    (tmp_path / "out").mkdir()
+    write_report(study)
+    md = (tmp_path / "rep/README.md").read_text()
+    assert "**Incomplete:** not trained yet: sft-66, sft-132, sft-132-wide; the heuristics and golden are not " \
+           "evaluated yet." in md
+    assert "scaling.png" not in md and not (tmp_path / "rep/scaling.png").exists()
+
+
 def test_train_traces_keeps_the_first_training_traces_and_the_same_validation(tiny_model_dir, tmp_path, monkeypatch):
     from foresight.data.traces import make_traces
 
@@ -84,6 +97,7 @@ def test_the_study_runs_end_to_end_and_reports_every_size(tiny_model_dir, tmp_pa
     assert "More data at 8 steps (6 traces against 2): sft-6 − sft-2-steps8 (paired): " in md
     assert "A wider scorer at 6 traces: sft-6-wide − sft-6 (paired): " in md
     assert "| golden |" in md and "| sft sft-6 |" in md  # the cost section
+    assert "**Incomplete:**" not in md and " --sizes 2,6 --val 2 " in md  # the command as a shell takes it
     for name, _, sets in study.runs():  # the validation curve at every snapshot, its end the run's own validation
         curve, end = json.loads((tmp_path / "sc" / name / "val_curve.json").read_text()), sets[1].split("=")[1]
         assert list(curve) == [str(k) for k in range(2, int(end) + 1, 2)]
