@@ -77,11 +77,39 @@ def convergence_rows(study) -> list[dict]:
     return rows
 
 
+def curves_figure(study, path: Path) -> bool:
+    """Every run's validation lost-future ratio against its steps (mean over the validation traces), one line per run:
+    runs of different data at the same step read off one vertical. False when no run has a curve."""
+    curves = {name: json.loads((study.out / name / CURVE).read_text()) for name, _, _ in study.runs()
+              if (study.out / name / CURVE).exists()}
+    if not curves:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for name, curve in curves.items():
+        steps = sorted(int(k) for k in curve)
+        ax.plot(steps, [sum(curve[str(k)]["lost_future"]) / len(curve[str(k)]["lost_future"]) for k in steps], "o-",
+                ms=3, label=name + ("" if trained(study.out / name) else " (training)"))
+    ax.set_xlabel("SFT step")
+    ax.set_ylabel("validation lost-future ratio (lower is better)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
 def convergence_lines(study) -> list[str]:
     rows = convergence_rows(study)
     if not rows:
         return []
-    lines = ["## Convergence on the validation traces", "",
+    figure = curves_figure(study, study.report / "val_curves.png")
+    lines = ["## Convergence on the validation traces", ""] + (["![validation curves](val_curves.png)", ""] if figure
+                                                            else []) + [
              f"SFT's own validation on the study's {study.val} validation traces (golden's states), at the run's "
              "snapshot nearest half its steps and at its end; end − half paired over the same traces (95% bootstrap "
              "interval). *Still falling*: an interval lies below 0; *rising*: one lies above 0. The learning rate "

@@ -105,6 +105,7 @@ def test_the_study_runs_end_to_end_and_reports_every_size(tiny_model_dir, tmp_pa
         metrics = json.loads((tmp_path / "sc" / name / "metrics.json").read_text())
         assert abs(sum(curve[end]["lost_future"]) / 2 - metrics["val_lost_future_ratio"]) < 1e-3
     assert "## Convergence on the validation traces" in md and "| sft-6 | 6 | 4 → 8 | " in md
+    assert "![validation curves](val_curves.png)" in md and (tmp_path / "report/val_curves.png").stat().st_size > 0
     best = headline.best_run(study)  # the headline: the best point and the heuristics at 2 x 16, the allocation's runs
     assert best in {name for name, _, _ in study.runs()}
     assert {(r["method"], r["budget"]) for r in json.loads((tmp_path / "sc/headline-32/results.json").read_text())} == {
