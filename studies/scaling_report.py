@@ -82,7 +82,9 @@ def contrast_lines(sizes: list) -> list[str]:
             continue
         steps, base = metrics.get("steps"), runs.get(f"sft-{n}", (None, None, {}))[2].get("steps")
         contrast(f"More steps at {n} traces ({steps} against {base})", name, f"sft-{n}")
-        contrast(f"More data at {steps} steps ({top} traces against {n})", f"sft-{top}", name)
+        for m, (k, _, other) in runs.items():  # the sizes trained for as many steps
+            if on_curve(m, k) and k != n and other.get("steps") == steps:
+                contrast(f"More data at {steps} steps ({k} traces against {n})", m, name)
     contrast(f"A wider scorer at {top} traces", f"sft-{top}-wide", f"sft-{top}")
     return lines
 
