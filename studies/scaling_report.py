@@ -86,6 +86,10 @@ def contrast_lines(sizes: list) -> list[str]:
             if on_curve(m, k) and k != n and other.get("steps") == steps:
                 contrast(f"More data at {steps} steps ({k} traces against {n})", m, name)
     contrast(f"A wider scorer at {top} traces", f"sft-{top}-wide", f"sft-{top}")
+    curve = sorted(n for name, n, _, _ in sizes if on_curve(name, n))
+    if len(curve) > 1:  # below 0 by its interval: the curve still falls at its end
+        contrast(f"The curve's last step ({curve[-1]} traces against {curve[-2]})", f"sft-{curve[-1]}",
+                 f"sft-{curve[-2]}")
     return lines
 
 

@@ -96,6 +96,7 @@ def test_the_study_runs_end_to_end_and_reports_every_size(tiny_model_dir, tmp_pa
     assert "More steps at 2 traces (8 against 4): sft-2-steps8 − sft-2 (paired): " in md
     assert "More data at 8 steps (6 traces against 2): sft-6 − sft-2-steps8 (paired): " in md
     assert "A wider scorer at 6 traces: sft-6-wide − sft-6 (paired): " in md
+    assert "The curve's last step (6 traces against 2): sft-6 − sft-2 (paired): " in md
     assert "| golden |" in md and "| sft sft-6 |" in md  # the cost section
     assert "**Incomplete:**" not in md and " --sizes 2,6 --val 2 " in md  # the command as a shell takes it
     for name, _, sets in study.runs():  # the validation curve at every snapshot, its end the run's own validation
