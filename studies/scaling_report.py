@@ -14,6 +14,7 @@ from studies.realbench.goals import paired_ci
 from studies.realbench.report import git_commit, machine
 from studies.realbench.run import trained
 from studies.scaling_convergence import convergence_lines, convergence_rows
+from studies.scaling_headline import budgets as study_budgets
 from studies.scaling_headline import headline_lines, headline_rows, interval, result_rows
 
 
@@ -165,7 +166,7 @@ def cost_lines(study) -> list[str]:
 def coverage_lines(study, data: dict) -> list[str]:
     """What the report does not hold yet (a study still running): the runs not trained, not evaluated at every
     budget, and the methods' evaluation; nothing once the study is complete."""
-    budgets = {int(b.split(":")[0]) for b in study.budgets.split(",")}
+    budgets = [b for b, _ in study_budgets(study)]
     untrained = [name for name, _, _ in study.runs() if not trained(study.out / name)]
     unevaluated = [name for name, _, _ in study.runs() if name not in untrained and not all(
         any(r[0] == name for r in data.get(b, {}).get("sizes", [])) for b in budgets)]
