@@ -54,8 +54,8 @@ def _scorer_rows(folder: Path) -> dict[int, dict]:
 
 
 def best_run(study) -> str | None:
-    """The run (any size, the steps' control or the wider scorer) with the lowest mean held-out loss ratio over the study's budgets, among
-    those evaluated at every one of them."""
+    """The run (any size, the steps' control or the wider scorer) with the lowest mean held-out loss ratio over the
+    study's budgets, among those evaluated at every one of them."""
     bs = [b for b, _ in budgets(study)]
     means = {}
     for name, _, _ in study.runs():

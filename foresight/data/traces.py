@@ -145,7 +145,7 @@ def make_traces(recipe, out: Path, progress: bool = True, log=print) -> dict:
         summary.update(merge(out, recipe, n_batches, model, tok, remote))
         summary["traces_per_minute"] = round(kept / max(elapsed, 1e-9) * 60, 2) if kept else 0.0
         meta = json.loads((out / "meta.json").read_text())
-        meta["throughput"] = summary if (todo or old is None) else old  # a finished rerun keeps the measured one
+        meta["throughput"] = summary if (todo or old is None) else old  # a rerun that only merges keeps the measured one
         atomic.write_json(out / "meta.json", meta)
     distributed.barrier()
     return summary
